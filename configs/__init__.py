@@ -1,0 +1,1 @@
+"""Runnable yaml configs, shipped inside the package as ``gyremedia.configs``."""

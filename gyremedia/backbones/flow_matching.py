@@ -1,0 +1,202 @@
+"""Flow-matching text-to-image backbone on diffusers' Stable Diffusion 3 family.
+
+Loads a ``StableDiffusion3Pipeline`` folder or hub id (or builds a tiny one from a config), keeps the
+text encoders and VAE frozen, and trains the transformer fully or through LoRA adapters.
+Convention: ``x_sigma = (1 - sigma) x0 + sigma eps`` and the transformer predicts ``v = eps - x0``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from gyremedia import hookimpl
+from gyremedia.backbones.tiny_sd3 import TinySD3Options, build_tiny_sd3_pipeline
+from gyremedia.interfaces import BuildContext
+from gyremedia.rollout import Media
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoraOptions:
+    enabled: bool = False
+    rank: int = 8
+    alpha: float = 16.0
+    target_modules: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
+
+
+@dataclass
+class FlowMatchingOptions:
+    pretrained: str | None = None  # StableDiffusion3Pipeline folder or hub id; None builds `tiny`
+    tiny: TinySD3Options = field(default_factory=TinySD3Options)
+    dtype: str = "float32"  # weights of the frozen parts and the transformer: float32 | bfloat16 | float16
+    max_sequence_length: int = 256  # T5 tokens (or zero padding when the pipeline has no T5)
+    lora: LoraOptions = field(default_factory=LoraOptions)
+    gradient_checkpointing: bool = False
+
+
+class FlowMatchingBackbone:
+    """An SD3-family pipeline seen as a policy over denoising transitions."""
+
+    media_kind = "image"
+
+    def __init__(self, options: FlowMatchingOptions, context: BuildContext) -> None:
+        if options.dtype not in DTYPES:
+            raise ValueError(f"backbone.dtype={options.dtype!r}: expected one of {', '.join(DTYPES)}")
+        from diffusers import StableDiffusion3Pipeline
+
+        self.options = options
+        self.device = context.device
+        dtype = DTYPES[options.dtype]
+        if options.pretrained:
+            self.pipeline = StableDiffusion3Pipeline.from_pretrained(options.pretrained, torch_dtype=dtype)
+        else:
+            self.pipeline = build_tiny_sd3_pipeline(options.tiny)
+            if dtype != torch.float32:
+                self.pipeline.to(dtype=dtype)
+        self.pipeline.set_progress_bar_config(disable=True)
+        self.pipeline.to(self.device)
+        for part in (self.pipeline.vae, self.pipeline.text_encoder, self.pipeline.text_encoder_2,
+                     self.pipeline.text_encoder_3):
+            if part is not None:
+                part.requires_grad_(False).eval()
+        self.transformer = self.pipeline.transformer
+        self._reference_transformer: torch.nn.Module | None = None
+        if options.lora.enabled:
+            from peft import LoraConfig
+
+            self.transformer.requires_grad_(False)
+            self.transformer.add_adapter(LoraConfig(
+                r=options.lora.rank, lora_alpha=options.lora.alpha,
+                target_modules=list(options.lora.target_modules), init_lora_weights="gaussian",
+            ))
+            # Trainable adapters stay in fp32 whatever the base weights are.
+            for p in self.transformer.parameters():
+                if p.requires_grad:
+                    p.data = p.data.float()
+        if options.gradient_checkpointing:
+            self.transformer.enable_gradient_checkpointing()
+        self._training_module: torch.nn.Module = self.transformer
+        self._prompt_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._negative: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------ training plumbing
+
+    def trainable_module(self) -> torch.nn.Module:
+        return self.transformer
+
+    def set_training_module(self, module: torch.nn.Module) -> None:
+        self._training_module = module
+
+    def enable_reference(self) -> None:
+        """Keep the frozen base policy for KL terms: the adapters switched off under LoRA, else a copy."""
+        if not self.options.lora.enabled and self._reference_transformer is None:
+            self._reference_transformer = copy.deepcopy(self.transformer).requires_grad_(False).eval()
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        if self.options.lora.enabled:
+            from peft import get_peft_model_state_dict
+
+            return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.transformer).items()}
+        return {k: v.detach().clone() for k, v in self.transformer.state_dict().items()}
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if self.options.lora.enabled:
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(self.transformer, state)
+            if getattr(result, "unexpected_keys", None):
+                raise ValueError(f"checkpoint has adapter weights this model lacks: {result.unexpected_keys[:5]}")
+        else:
+            self.transformer.load_state_dict(state)
+
+    # ------------------------------------------------------------------ policy
+
+    def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """Prompt embeddings from the pipeline's own encoders, computed once per distinct prompt."""
+        missing = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
+        if missing:
+            embeds, pooled = self._encode(missing)
+            for i, prompt in enumerate(missing):
+                self._prompt_cache[prompt] = (embeds[i], pooled[i])
+        return {
+            "prompt_embeds": torch.stack([self._prompt_cache[p][0] for p in prompts]),
+            "pooled_projections": torch.stack([self._prompt_cache[p][1] for p in prompts]),
+        }
+
+    @torch.no_grad()
+    def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        embeds, _, pooled, _ = self.pipeline.encode_prompt(
+            prompt=prompts, prompt_2=None, prompt_3=None, device=self.device,
+            do_classifier_free_guidance=False, max_sequence_length=self.options.max_sequence_length,
+        )
+        return embeds, pooled
+
+    def _negative_conditions(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._negative is None:
+            self._negative = self._encode([""])
+        embeds, pooled = self._negative
+        return embeds.expand(batch, -1, -1), pooled.expand(batch, -1)
+
+    def sample_noise(self, generators: list[torch.Generator]) -> torch.Tensor:
+        config = self.transformer.config
+        shape = (config.in_channels, config.sample_size, config.sample_size)
+        noise = torch.stack([torch.randn(shape, generator=g) for g in generators])
+        return noise.to(self.device, self.transformer.dtype)
+
+    def sigmas(self, num_steps: int) -> torch.Tensor:
+        scheduler = copy.deepcopy(self.pipeline.scheduler)
+        scheduler.set_timesteps(num_steps, device=self.device)
+        return scheduler.sigmas.float()
+
+    def predict(self, x: torch.Tensor, sigma: torch.Tensor, conditions: dict[str, torch.Tensor],
+                guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+        embeds, pooled = conditions["prompt_embeds"], conditions["pooled_projections"]
+        if guidance_scale > 1.0:
+            negative_embeds, negative_pooled = self._negative_conditions(x.shape[0])
+            x_in = torch.cat([x, x])
+            embeds = torch.cat([negative_embeds, embeds])
+            pooled = torch.cat([negative_pooled, pooled])
+        else:
+            x_in = x
+        timestep = (sigma * 1000).to(x.dtype).expand(x_in.shape[0])
+        if reference:
+            output = self._reference_forward(x_in, timestep, embeds, pooled)
+        else:
+            module = self._training_module if torch.is_grad_enabled() else self.transformer
+            output = module(hidden_states=x_in, timestep=timestep, encoder_hidden_states=embeds,
+                            pooled_projections=pooled, return_dict=False)[0]
+        if guidance_scale > 1.0:
+            uncond, cond = output.chunk(2)
+            output = uncond + guidance_scale * (cond - uncond)
+        return output
+
+    @torch.no_grad()
+    def _reference_forward(self, x, timestep, embeds, pooled) -> torch.Tensor:
+        kwargs = dict(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds,
+                      pooled_projections=pooled, return_dict=False)
+        if self._reference_transformer is not None:
+            return self._reference_transformer(**kwargs)[0]
+        if not self.options.lora.enabled:
+            raise RuntimeError("the reference policy was not kept: call enable_reference() before training")
+        self.transformer.disable_adapters()
+        try:
+            return self.transformer(**kwargs)[0]
+        finally:
+            self.transformer.enable_adapters()
+
+    @torch.no_grad()
+    def decode(self, final: torch.Tensor) -> Media:
+        vae = self.pipeline.vae
+        latents = final.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
+        images = vae.decode(latents, return_dict=False)[0]
+        return Media("image", (images.float() / 2 + 0.5).clamp(0, 1))
+
+
+@hookimpl
+def gyremedia_register_backbones(register):
+    register("flow_matching", FlowMatchingBackbone, options=FlowMatchingOptions,
+             description="SD3-family rectified-flow text-to-image (diffusers), full or LoRA")

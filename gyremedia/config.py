@@ -1,0 +1,339 @@
+"""Config is the interface: one yaml plus ``key=value`` overrides, validated before any model loads.
+
+The core sections are omegaconf structured dataclasses. The component sections (``backbone``,
+``sampler``, ``objective``, ``rewards``, ``regularizers``, ``logging.loggers``) hold a ``name`` and
+that component's options, validated against the options dataclass its plugin registered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from gyremedia.plugins import PluginError, PluginManager
+
+
+class ConfigError(ValueError):
+    """The config is invalid; the message names each offending key and how to fix it."""
+
+
+@dataclass
+class RunSection:
+    output_dir: str = "runs/default"
+    seed: int = 0
+
+
+@dataclass
+class DataSection:
+    prompts: list[str] = field(default_factory=list)
+    prompts_file: str | None = None  # one prompt per line; added to ``prompts``
+    eval_prompts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RolloutSection:
+    batch_size: int = 8  # samples per step over all processes
+    group_size: int = 4  # samples per prompt; advantages are normalised within a group
+    num_steps: int = 10  # denoising steps per sample
+    guidance_scale: float = 1.0
+    same_noise_in_group: bool = False  # every member of a group starts from the same noise
+
+
+@dataclass
+class LoraSection:
+    enabled: bool = False
+    rank: int = 8
+    alpha: float = 16.0
+    target_modules: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
+
+
+@dataclass
+class TrainSection:
+    steps: int = 100
+    learning_rate: float = 1e-4
+    weight_decay: float = 1e-4
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+    num_minibatches: int = 1  # optimizer steps per rollout; each one takes a slice of the samples
+    lora: LoraSection = field(default_factory=LoraSection)
+
+
+@dataclass
+class AdvantageSection:
+    std: str = "group"  # group | global | none: what the centred reward is divided by
+    eps: float = 1e-4
+
+
+@dataclass
+class CheckpointSection:
+    every: int = 10  # steps between checkpoints (the last step is always saved)
+    keep_last: int = 2
+
+
+@dataclass
+class EvalSection:
+    every: int = 0  # steps between evaluations; 0 evaluates only before and after training
+    samples_per_prompt: int = 2
+    seed: int = 1234
+
+
+@dataclass
+class LoggingSection:
+    loggers: list[Any] = field(default_factory=list)  # names, or {name: ..., option: ...}
+    progress: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """The core sections. The component sections (see ``COMPONENT_SECTIONS``) sit beside them."""
+
+    run: RunSection = field(default_factory=RunSection)
+    data: DataSection = field(default_factory=DataSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    advantage: AdvantageSection = field(default_factory=AdvantageSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+
+
+#: Component sections: config path -> (component kind, whether it is a list).
+COMPONENT_SECTIONS = {
+    "backbone": ("backbone", False),
+    "sampler": ("sampler", False),
+    "objective": ("objective", False),
+    "rewards": ("reward", True),
+    "regularizers": ("regularizer", True),
+    "logging.loggers": ("logger", True),
+}
+#: Keys every list component accepts besides its own options.
+LIST_COMPONENT_KEYS = {"reward": ("weight",), "regularizer": ("weight",), "logger": ()}
+
+
+@dataclass
+class Selected:
+    """A component chosen by the config, with its validated options."""
+
+    kind: str
+    name: str
+    options: Any  # instance of the plugin's options dataclass, or None
+    weight: float = 1.0
+    meta: dict[str, Any] = field(default_factory=dict)  # what the plugin registered beside the factory
+
+    def as_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": self.name}
+        if self.kind in ("reward", "regularizer"):
+            body["weight"] = self.weight
+        if self.options is not None:
+            body.update(dataclasses.asdict(self.options))
+        return body
+
+
+@dataclass
+class ResolvedConfig:
+    """A validated run config: the core sections plus every selected component."""
+
+    core: TrainConfig
+    backbone: Selected
+    sampler: Selected
+    objective: Selected
+    rewards: list[Selected]
+    regularizers: list[Selected]
+    loggers: list[Selected]
+
+    def to_yaml(self) -> str:
+        """The fully resolved config (every default filled in), as written into the run folder."""
+        data: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(self.core), resolve=True)
+        for attr in ("backbone", "sampler", "objective"):
+            data[attr] = getattr(self, attr).as_dict()
+        data["rewards"] = [s.as_dict() for s in self.rewards]
+        data["regularizers"] = [s.as_dict() for s in self.regularizers]
+        data["logging"]["loggers"] = [s.as_dict() for s in self.loggers]
+        return OmegaConf.to_yaml(data)
+
+
+# --------------------------------------------------------------------------- key checking
+
+
+def _field_types(schema: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(schema)
+    return {f.name: hints[f.name] for f in dataclasses.fields(schema)}
+
+
+def _unknown_key_errors(user: Any, schema: type, prefix: str, extra_keys: tuple[str, ...] = ()) -> list[str]:
+    """Errors for keys of ``user`` that ``schema`` lacks, with a did-you-mean, recursing into sections."""
+    if not isinstance(user, (dict, DictConfig)):
+        return []
+    types = _field_types(schema)
+    allowed = list(types) + list(extra_keys)
+    errors = []
+    for key in user:
+        key = str(key)
+        path = f"{prefix}{key}"
+        if key not in allowed:
+            hint = difflib.get_close_matches(key, allowed, n=1)
+            fix = f"did you mean '{prefix}{hint[0]}'?" if hint else f"allowed keys: {', '.join(allowed)}"
+            errors.append(f"unknown key '{path}': {fix}")
+        elif key in types and dataclasses.is_dataclass(types[key]):
+            errors.extend(_unknown_key_errors(user[key], types[key], path + "."))
+    return errors
+
+
+def _merge(schema: type, user: Any, prefix: str) -> tuple[Any, list[str]]:
+    """Merge ``user`` onto the structured ``schema``; return the object and type/missing errors."""
+    base = OmegaConf.structured(schema)
+    try:
+        merged = OmegaConf.merge(base, user if user is not None else {})
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        reason = str(exc).splitlines()[0]
+        return None, [f"wrong type for '{prefix}{key}': {reason}"]
+    missing = sorted(OmegaConf.missing_keys(merged))
+    if missing:
+        return None, [f"missing value for '{prefix}{k}': set it in the yaml or with {prefix}{k}=..." for k in missing]
+    return OmegaConf.to_object(merged), []
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Read a yaml and apply ``key=value`` overrides, without validating."""
+    cfg = OmegaConf.load(path) if path is not None else OmegaConf.create({})
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError(f"{path}: the top level of a config must be a mapping of sections")
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"overrides must look like key=value, got: {', '.join(bad)}")
+    if overrides:
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"could not apply overrides: {exc}") from exc
+    return cfg
+
+
+def _select(pm: PluginManager, kind: str, section: Any, path: str) -> tuple[Selected | None, list[str]]:
+    if isinstance(section, str):
+        section = {"name": section}
+    if not isinstance(section, (dict, DictConfig)) or "name" not in section:
+        return None, [f"'{path}' needs a 'name' naming a registered {kind} (see `gyremedia plugins`)"]
+    body = OmegaConf.to_container(section) if isinstance(section, DictConfig) else dict(section)
+    name = str(body.pop("name"))
+    try:
+        component = pm.component(kind, name)
+    except PluginError as exc:
+        return None, [f"'{path}.name': {exc}"]
+    weight = float(body.pop("weight", 1.0)) if kind in LIST_COMPONENT_KEYS and "weight" in LIST_COMPONENT_KEYS[kind] else 1.0
+    if component.options is None:
+        if body:
+            return None, [f"unknown key '{path}.{k}': {kind} {name!r} takes no options" for k in body]
+        return Selected(kind, name, None, weight, dict(component.meta)), []
+    errors = _unknown_key_errors(body, component.options, f"{path}.")
+    if errors:
+        return None, errors
+    options, errors = _merge(component.options, body, f"{path}.")
+    return (Selected(kind, name, options, weight, dict(component.meta)) if not errors else None), errors
+
+
+def _section(cfg: DictConfig, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def resolve_config(cfg: DictConfig, pm: PluginManager) -> ResolvedConfig:
+    """Validate a loaded config against the core schema and every selected plugin's options.
+
+    Raises :class:`ConfigError` listing every problem found, each naming its key and fix.
+    """
+    top_level = tuple(p for p in COMPONENT_SECTIONS if "." not in p)
+    errors = _unknown_key_errors(cfg, TrainConfig, "", extra_keys=top_level)
+    core = None
+    if not errors:
+        core, errors = _merge(TrainConfig, OmegaConf.masked_copy(cfg, [k for k in cfg if k not in top_level]), "")
+
+    selected: dict[str, Any] = {}
+    for path, (kind, is_list) in COMPONENT_SECTIONS.items():
+        section = _section(cfg, path)
+        if section is None or (isinstance(section, (list, ListConfig)) and not section and path == "rewards"):
+            if is_list and path != "rewards":
+                selected[path] = []
+                continue
+            what = "a list of" if is_list else "a"
+            errors.append(f"missing value for '{path}': the config must select {what} {kind} (see `gyremedia plugins`)")
+            continue
+        if is_list:
+            if not isinstance(section, (list, ListConfig)):
+                errors.append(f"'{path}' must be a list of {kind}s")
+                continue
+            items = []
+            for i, item in enumerate(section):
+                sel, errs = _select(pm, kind, item, f"{path}.{i}")
+                errors += errs
+                items.append(sel)
+            selected[path] = items
+        else:
+            sel, errs = _select(pm, kind, section, path)
+            errors += errs
+            selected[path] = sel
+
+    if core is not None:
+        errors += _cross_checks(core, selected)
+    if errors:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+    return ResolvedConfig(
+        core=core,
+        backbone=selected["backbone"],
+        sampler=selected["sampler"],
+        objective=selected["objective"],
+        rewards=selected["rewards"],
+        regularizers=selected["regularizers"],
+        loggers=selected["logging.loggers"],
+    )
+
+
+def _cross_checks(core: TrainConfig, selected: dict[str, Any]) -> list[str]:
+    """Constraints between keys that no single field's type can express."""
+    errors = []
+    r = core.rollout
+    if r.group_size < 2:
+        errors.append(f"rollout.group_size={r.group_size}: a group needs at least 2 samples to compare; set rollout.group_size>=2")
+    elif r.batch_size % r.group_size:
+        lower = r.batch_size - r.batch_size % r.group_size
+        errors.append(
+            f"rollout.batch_size={r.batch_size} is not divisible by rollout.group_size={r.group_size}: "
+            f"use rollout.batch_size={lower or r.group_size} or {lower + r.group_size}"
+        )
+    if r.num_steps < 1:
+        errors.append(f"rollout.num_steps={r.num_steps}: set rollout.num_steps>=1")
+    if core.advantage.std not in ("group", "global", "none"):
+        errors.append(f"advantage.std={core.advantage.std!r}: allowed values are group, global, none")
+    if core.train.num_minibatches < 1:
+        errors.append("train.num_minibatches must be >= 1")
+    if not core.data.prompts and not core.data.prompts_file:
+        errors.append("no prompts: set data.prompts (a list) or data.prompts_file")
+    if core.data.prompts_file and not Path(core.data.prompts_file).is_file():
+        errors.append(f"data.prompts_file={core.data.prompts_file!r} does not exist")
+    objective, sampler = selected.get("objective"), selected.get("sampler")
+    if objective is not None and sampler is not None:
+        if objective.meta.get("requires_log_prob") and not sampler.meta.get("has_log_prob"):
+            errors.append(
+                f"objective {objective.name!r} needs per-transition log-probs, but sampler {sampler.name!r} is "
+                "deterministic: choose a stochastic sampler (e.g. sampler.name=flow_sde) or an objective "
+                "that needs none"
+            )
+    return errors
+

@@ -1,0 +1,26 @@
+"""Which prompts a step trains on: a deterministic function of (seed, step), the same on every rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+class PromptSource:
+    """Draws each step's prompt groups from a fixed list of prompts."""
+
+    def __init__(self, prompts: list[str], prompts_file: str | None = None) -> None:
+        self.prompts = list(prompts)
+        if prompts_file:
+            lines = Path(prompts_file).read_text().splitlines()
+            self.prompts += [line.strip() for line in lines if line.strip()]
+        if not self.prompts:
+            raise ValueError("no prompts: set data.prompts or data.prompts_file")
+
+    def groups_for_step(self, seed: int, step: int, num_groups: int) -> list[str]:
+        """``num_groups`` prompts for ``step``: without repetition while the list is long enough."""
+        rng = np.random.default_rng([seed, step, 3])
+        replace = num_groups > len(self.prompts)
+        picks = rng.choice(len(self.prompts), size=num_groups, replace=replace)
+        return [self.prompts[i] for i in picks]

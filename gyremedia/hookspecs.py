@@ -1,0 +1,173 @@
+"""Every gyremedia hook, documented in one place (like pytest's ``hookspec.py``).
+
+Two kinds of hooks exist:
+
+* **Registration hooks** (``gyremedia_register_*``) are called once at start-up. Each receives a
+  ``register(name, factory, *, options=None, **meta)`` callable. ``factory`` builds the component
+  from its validated options (an instance of the ``options`` dataclass, which omegaconf uses to
+  check the yaml). Registering a component never makes a run use it: the yaml selects by name.
+* **Lifecycle hooks** are called during a run, keyword-only, on every registered plugin *and* on
+  the component objects the run's config selected (a reward or regularizer instance may implement
+  any of them). Hooks that change what is trained on (``gyremedia_after_rollout``,
+  ``gyremedia_process_rewards``) may only be implemented by such selected components: a module
+  loaded from an entry point that implements them is refused at load time, because installing a
+  package must never silently change a training objective.
+
+Plugins implement hooks with the ``gyremedia.hookimpl`` marker.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pluggy
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+    from accelerate import Accelerator
+    from omegaconf import DictConfig
+
+    from gyremedia.rollout import Media, Rollout
+    from gyremedia.trainer import TrainState
+
+hookspec = pluggy.HookspecMarker("gyremedia")
+
+Register = Callable[..., None]
+
+# --------------------------------------------------------------------------- registration
+
+
+@hookspec
+def gyremedia_register_backbones(register: Register) -> None:
+    """Register generator backbones (flow matching, diffusion, LLM, ...).
+
+    A backbone factory receives its options and the accelerator's device and returns an object
+    satisfying :class:`gyremedia.interfaces.Backbone`.
+    """
+
+
+@hookspec
+def gyremedia_register_samplers(register: Register) -> None:
+    """Register transition kernels (``flow_sde``, ``cps``, ``ode``, ...).
+
+    A sampler turns a model prediction into the next state and, if it is stochastic, the
+    log-probability of that transition (:class:`gyremedia.interfaces.Sampler`).
+    """
+
+
+@hookspec
+def gyremedia_register_objectives(register: Register) -> None:
+    """Register training objectives (``grpo``, ELBO family, tree rollouts, ...).
+
+    An objective turns a scored rollout into losses (:class:`gyremedia.interfaces.Objective`).
+    """
+
+
+@hookspec
+def gyremedia_register_rewards(register: Register) -> None:
+    """Register reward models.
+
+    A reward is a callable ``reward(media, prompts) -> dict[str, Tensor[B]] | Tensor[B]`` with a
+    ``kinds`` attribute naming the media kinds it scores (:class:`gyremedia.interfaces.Reward`).
+    A dict must hold a ``"score"`` entry; the other entries are logged as components.
+    """
+
+
+@hookspec
+def gyremedia_register_regularizers(register: Register) -> None:
+    """Register loss terms added to any objective (velocity-norm hinge, KL variants, ...).
+
+    A regularizer is called with ``(state=, rollout=, outputs=)`` for each micro-step and returns
+    ``dict[str, Tensor]`` of scalar losses that are added to the objective's loss
+    (:class:`gyremedia.interfaces.Regularizer`).
+    """
+
+
+@hookspec
+def gyremedia_register_loggers(register: Register) -> None:
+    """Register metric sinks (jsonl, tensorboard, ...).
+
+    A logger has ``log(metrics: dict, step: int)`` and ``close()``; it runs on the main process only.
+    """
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+@hookspec
+def gyremedia_configure(config: DictConfig, accelerator: Accelerator) -> None:
+    """Called once after the config is validated and the accelerator exists, before models load."""
+
+
+@hookspec
+def gyremedia_after_rollout(state: TrainState, rollout: Rollout) -> None:
+    """Inspect or edit a fresh rollout (filtering, candidate selection) before it is scored.
+
+    Changes training data, so only config-selected components may implement it.
+    """
+
+
+@hookspec
+def gyremedia_process_rewards(
+    state: TrainState, rollout: Rollout, rewards: dict[str, torch.Tensor]
+) -> None:
+    """Shape rewards in place (``rewards`` maps each reward name to its per-sample score).
+
+    Called on this rank's samples before group advantages are computed over all ranks. Changes
+    training data, so only config-selected components may implement it.
+    """
+
+
+@hookspec
+def gyremedia_on_step_end(state: TrainState, metrics: dict[str, float]) -> None:
+    """Called on every rank after each optimizer step with that step's (global) metrics.
+
+    Plugins may add entries to ``metrics`` before they reach the loggers.
+    """
+
+
+@hookspec
+def gyremedia_on_eval(state: TrainState, media: Media, metrics: dict[str, float]) -> None:
+    """Called after an evaluation pass with the generated eval media and their metrics.
+
+    Plugins may add entries to ``metrics`` (e.g. a held-out "gold" score).
+    """
+
+
+@hookspec
+def gyremedia_on_save_checkpoint(state: TrainState, path: Path) -> dict[str, Any] | None:
+    """Return this plugin's state to store in the checkpoint at ``path`` (JSON-serialisable).
+
+    Results are keyed by plugin name; the same dict is handed back on load.
+    """
+
+
+@hookspec
+def gyremedia_on_load_checkpoint(state: TrainState, path: Path, plugin_state: dict[str, Any]) -> None:
+    """Restore state on resume. ``plugin_state`` maps plugin names to what they saved."""
+
+
+@hookspec
+def gyremedia_on_exception(state: TrainState, exc: BaseException) -> None:
+    """Called when training raises, before the exception propagates (flush, alert, clean up)."""
+
+
+@hookspec
+def gyremedia_on_train_end(state: TrainState) -> None:
+    """Called once after the last step and the final checkpoint."""
+
+
+#: Hooks that change the data a run trains on; only config-selected components implement them.
+DATA_CHANGING_HOOKS = frozenset({"gyremedia_after_rollout", "gyremedia_process_rewards"})
+
+#: The component kinds and the registration hook of each.
+COMPONENT_KINDS = {
+    "backbone": "gyremedia_register_backbones",
+    "sampler": "gyremedia_register_samplers",
+    "objective": "gyremedia_register_objectives",
+    "reward": "gyremedia_register_rewards",
+    "regularizer": "gyremedia_register_regularizers",
+    "logger": "gyremedia_register_loggers",
+}

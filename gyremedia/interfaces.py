@@ -1,0 +1,145 @@
+"""The contracts between the core and its components (what a plugin's factory must return).
+
+These are ``typing.Protocol`` classes: a component satisfies one by shape, it never subclasses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from gyremedia.rollout import Media, Rollout
+
+
+@dataclass
+class BuildContext:
+    """What a component factory may need besides its options."""
+
+    device: torch.device
+    run_dir: Path | None = None
+    accelerator: Accelerator | None = None
+    seed: int = 0
+    is_main_process: bool = True
+
+
+@runtime_checkable
+class Backbone(Protocol):
+    """A denoising generator: predicts a velocity (or noise) for states on a noise schedule."""
+
+    media_kind: str
+
+    def trainable_module(self) -> torch.nn.Module:
+        """The module whose trainable parameters the optimizer updates (LoRA-wrapped if enabled)."""
+
+    def set_training_module(self, module: torch.nn.Module) -> None:
+        """Use ``module`` (the accelerate-prepared wrapper) for forwards that need gradients."""
+
+    def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """Conditioning tensors for prompts, batch-indexed (cached per prompt where costly)."""
+
+    def sample_noise(self, generators: list[torch.Generator]) -> torch.Tensor:
+        """Initial states ``x_0``, one per generator (so each sample's noise depends on its seed alone)."""
+
+    def sigmas(self, num_steps: int) -> torch.Tensor:
+        """The ``num_steps + 1`` noise levels of a trajectory, from most noisy down to 0."""
+
+    def predict(self, x: torch.Tensor, sigma: torch.Tensor, conditions: dict[str, torch.Tensor],
+                guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+        """The model output (velocity for flow matching) at states ``x`` and noise level ``sigma``.
+
+        With ``reference=True`` it is the frozen reference policy's output (no gradients).
+        """
+
+    def decode(self, final: torch.Tensor) -> Media:
+        """Turn final states into media for the rewards."""
+
+    def enable_reference(self) -> None:
+        """Keep the frozen reference policy that ``predict(reference=True)`` uses (for KL terms)."""
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained weights to checkpoint (adapters only under LoRA)."""
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what :meth:`trainable_state_dict` returned."""
+
+
+@dataclass
+class Transition:
+    """One step of a trajectory: the next state and its density under the sampler."""
+
+    next_state: torch.Tensor
+    mean: torch.Tensor | None = None  # mean of p(x_{i+1} | x_i)
+    std: torch.Tensor | None = None  # its standard deviation (broadcastable to the state)
+    log_prob: torch.Tensor | None = None  # [B], averaged over state dimensions
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """A transition kernel: a model output and a state in, the next state (and its log-prob) out."""
+
+    has_log_prob: bool
+
+    def step(self, x: torch.Tensor, model_output: torch.Tensor, sigmas: torch.Tensor, index: int, *,
+             noise: torch.Tensor | None = None, next_state: torch.Tensor | None = None) -> Transition:
+        """Sample ``x_{index+1}`` with ``noise``, or score the given ``next_state`` (replay)."""
+
+
+@dataclass
+class LossOutput:
+    """What an objective returns for one micro-step."""
+
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    outputs: dict[str, Any] = field(default_factory=dict)  # for regularizers: velocities, means, ...
+
+
+@runtime_checkable
+class Objective(Protocol):
+    """Turns a scored rollout into losses, one micro-step at a time (gradients accumulate)."""
+
+    def micro_steps(self, rollout: Rollout, step: int) -> list[Any]:
+        """The micro-steps of one optimizer step on ``rollout`` (e.g. the timesteps to train on)."""
+
+    def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: Any) -> LossOutput:
+        """The loss of one micro-step; the trainer backpropagates it divided by their count."""
+
+
+@dataclass
+class ObjectiveContext:
+    """What an objective needs to recompute the policy on recorded transitions."""
+
+    backbone: Backbone
+    sampler: Sampler
+    guidance_scale: float
+    step: int
+
+
+@runtime_checkable
+class Reward(Protocol):
+    """Scores media against prompts: ``{"score": Tensor[B], other components...}`` or ``Tensor[B]``."""
+
+    kinds: set[str]
+
+    def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor] | torch.Tensor: ...
+
+
+@runtime_checkable
+class Regularizer(Protocol):
+    """An extra loss term computed from an objective's micro-step outputs."""
+
+    def __call__(self, *, state: Any, rollout: Rollout, outputs: dict[str, Any]) -> dict[str, torch.Tensor]: ...
+
+
+@runtime_checkable
+class Logger(Protocol):
+    """A sink for per-step metrics (main process only)."""
+
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...

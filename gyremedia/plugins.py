@@ -1,0 +1,205 @@
+"""Plugin discovery and the component registries.
+
+Plugins are modules listed under the entry-point group ``gyremedia`` (ours in ``plugins/`` and
+third parties' alike). Loading one never changes a run: registration hooks only add named
+components, and the yaml selects which ones run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.metadata
+import os
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import pluggy
+
+from gyremedia import hookspecs
+from gyremedia.hookspecs import COMPONENT_KINDS, DATA_CHANGING_HOOKS
+
+ENTRY_POINT_GROUP = "gyremedia"
+#: Comma-separated entry-point names; when set, only these plugins load.
+ALLOW_LIST_ENV = "GYREMEDIA_PLUGINS"
+
+
+class PluginError(Exception):
+    """A plugin could not be loaded or a component name is unknown."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """One registered component: how to build it and who registered it."""
+
+    kind: str
+    name: str
+    factory: Callable[..., Any]
+    options: type | None
+    plugin: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, options: Any, context: Any) -> Any:
+        """Build the component from its validated options (an instance of ``self.options``).
+
+        Factories take ``(options, context)``, or only ``(context)`` when they registered no options.
+        """
+        if self.options is None:
+            return self.factory(context)
+        return self.factory(options, context)
+
+
+@dataclass(frozen=True)
+class FailedPlugin:
+    """An entry point whose import raised; reported by name instead of crashing every run."""
+
+    name: str
+    distribution: str
+    error: str
+
+
+def call_each(pm: pluggy.PluginManager, hook_name: str, **kwargs: Any) -> dict[str, Any]:
+    """Call each implementation of a hook separately and return ``{plugin_name: result}``.
+
+    Used where the caller needs to know which plugin said what (registration, checkpoint state).
+    """
+    hook = getattr(pm.hook, hook_name)
+    results = {}
+    for impl in reversed(hook.get_hookimpls()):  # registration order
+        args = [kwargs[name] for name in impl.argnames]
+        results[impl.plugin_name] = impl.function(*args)
+    return results
+
+
+class Registry:
+    """All components registered by all plugins, by kind and name."""
+
+    def __init__(self) -> None:
+        self._components: dict[str, dict[str, Component]] = {kind: {} for kind in COMPONENT_KINDS}
+
+    def add(self, component: Component) -> None:
+        existing = self._components[component.kind].get(component.name)
+        if existing is not None:
+            raise PluginError(
+                f"{component.kind} {component.name!r} is registered twice: by plugin "
+                f"{existing.plugin!r} and by plugin {component.plugin!r}. Uninstall one, or restrict "
+                f"plugins with {ALLOW_LIST_ENV}=name1,name2."
+            )
+        self._components[component.kind][component.name] = component
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._components[kind])
+
+    def all(self) -> Iterable[Component]:
+        for by_name in self._components.values():
+            yield from by_name.values()
+
+    def get(self, kind: str, name: str, failed: Iterable[FailedPlugin] = ()) -> Component:
+        """Return a component or raise an error listing the registered names and broken plugins."""
+        try:
+            return self._components[kind][name]
+        except KeyError:
+            pass
+        known = self.names(kind)
+        message = f"unknown {kind} {name!r}. Registered {kind}s: {', '.join(known) or '(none)'}."
+        close = difflib.get_close_matches(name, known, n=1)
+        if close:
+            message += f" Did you mean {close[0]!r}?"
+        broken = [f"{p.name} (package {p.distribution}): {p.error}" for p in failed]
+        if broken:
+            message += " These plugins failed to load and may provide it: " + "; ".join(broken)
+        raise PluginError(message)
+
+
+class PluginManager:
+    """Loads entry-point plugins, collects their registrations and relays lifecycle hooks."""
+
+    def __init__(self, extra_plugins: Iterable[Any] = (), load_entry_points: bool = True) -> None:
+        self.pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
+        self.pm.add_hookspecs(hookspecs)
+        self.failed: list[FailedPlugin] = []
+        self.distributions: dict[str, str] = {}
+        if load_entry_points:
+            self._load_entry_points()
+        for plugin in extra_plugins:
+            self.register_module(plugin, name=getattr(plugin, "__name__", None))
+        self.registry = self._collect_registrations()
+
+    @property
+    def hook(self) -> Any:
+        return self.pm.hook
+
+    def _load_entry_points(self) -> None:
+        allow = os.environ.get(ALLOW_LIST_ENV)
+        allowed = {n.strip() for n in allow.split(",") if n.strip()} if allow else None
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if allowed is not None and ep.name not in allowed:
+                continue
+            dist = ep.dist.name if ep.dist is not None else "?"
+            if self.pm.has_plugin(ep.name):
+                continue  # the same distribution seen twice on sys.path
+            try:
+                module = ep.load()
+                self.register_module(module, name=ep.name)
+            except Exception as exc:  # a broken third-party plugin must not break unrelated runs
+                error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                self.failed.append(FailedPlugin(ep.name, dist, error))
+                continue
+            self.distributions[ep.name] = dist
+
+    def register_module(self, module: Any, name: str | None = None) -> None:
+        """Register a plugin module or object whose hooks are not data-changing."""
+        data_changing = sorted(h for h in DATA_CHANGING_HOOKS if hasattr(module, h))
+        if data_changing:
+            raise PluginError(
+                f"plugin {name!r} implements {', '.join(data_changing)} at module level, which would "
+                "change every run once installed. Implement it on a reward or regularizer object "
+                "instead, so it runs only when the yaml selects that component."
+            )
+        self.pm.register(module, name=name)
+
+    def register_component(self, component: Any, name: str) -> None:
+        """Register a run's selected component object so its lifecycle hooks are called."""
+        if any(self.pm.parse_hookimpl_opts(component, attr) for attr in dir(component)
+               if attr.startswith("gyremedia_")):
+            self.pm.register(component, name=name)
+
+    def _collect_registrations(self) -> Registry:
+        registry = Registry()
+        for kind, hook_name in COMPONENT_KINDS.items():
+            hook = getattr(self.pm.hook, hook_name)
+            for impl in reversed(hook.get_hookimpls()):
+
+                def register(name: str, factory: Callable[..., Any], *, options: type | None = None,
+                             _plugin: str = impl.plugin_name, _kind: str = kind, **meta: Any) -> None:
+                    if options is not None and not dataclasses.is_dataclass(options):
+                        raise PluginError(f"{_kind} {name!r} from {_plugin!r}: options must be a dataclass")
+                    registry.add(Component(_kind, name, factory, options, _plugin, meta))
+
+                impl.function(register)
+        return registry
+
+    def component(self, kind: str, name: str) -> Component:
+        return self.registry.get(kind, name, self.failed)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One entry per plugin: its package, what it registers and the lifecycle hooks it implements."""
+        rows = []
+        for plugin_name, plugin in self.pm.list_name_plugin():
+            if plugin_name is None:
+                continue
+            hooks = sorted(
+                impl.name for impl in self.pm.get_hookcallers(plugin) or []
+                if not impl.name.startswith("gyremedia_register_")
+            )
+            registers = sorted(
+                f"{c.kind}:{c.name}" for c in self.registry.all() if c.plugin == plugin_name
+            )
+            rows.append({
+                "plugin": plugin_name,
+                "package": self.distributions.get(plugin_name, "(local)"),
+                "registers": registers,
+                "hooks": hooks,
+            })
+        return sorted(rows, key=lambda r: r["plugin"])

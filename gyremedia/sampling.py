@@ -1,0 +1,66 @@
+"""The generic denoising rollout: a backbone predicts, a sampler steps, every transition is recorded.
+
+Randomness is drawn per sample from a generator seeded by ``(seed, step, sample id)``, so a sample's
+trajectory is the same on one process or many, and after a resume.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gyremedia.interfaces import Backbone, ObjectiveContext, Sampler, Transition
+from gyremedia.rollout import Rollout
+
+#: Independent random streams of a sample: its initial noise and its per-step noise.
+INITIAL_NOISE, STEP_NOISE = 0, 1
+
+
+def sample_generators(seed: int, step: int, stream: int, ids: list[int]) -> list[torch.Generator]:
+    """One CPU generator per id, seeded from ``(seed, step, stream, id)`` through numpy's SeedSequence."""
+    generators = []
+    for sample_id in ids:
+        state = np.random.SeedSequence([seed, step, stream, int(sample_id)]).generate_state(2, dtype=np.uint32)
+        generators.append(torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1])))
+    return generators
+
+
+def _noise_like(x: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    shape = x.shape[1:]
+    noise = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in generators])
+    return noise.to(device=x.device, dtype=x.dtype)
+
+
+@torch.no_grad()
+def sample_trajectories(backbone: Backbone, sampler: Sampler, conditions: dict[str, torch.Tensor], *,
+                        initial_generators: list[torch.Generator], step_generators: list[torch.Generator],
+                        num_steps: int, guidance_scale: float) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Roll out one batch; returns ``states [B, S+1, ...]``, ``log_probs [B, S]`` (or None) and ``sigmas``."""
+    x = backbone.sample_noise(initial_generators)
+    sigmas = backbone.sigmas(num_steps).to(x.device)
+    states, log_probs = [x], []
+    for i in range(num_steps):
+        output = backbone.predict(x, sigmas[i], conditions, guidance_scale)
+        noise = _noise_like(x, step_generators) if sampler.has_log_prob else None
+        transition = sampler.step(x, output, sigmas, i, noise=noise)
+        x = transition.next_state
+        states.append(x)
+        if transition.log_prob is not None:
+            log_probs.append(transition.log_prob)
+    stacked_log_probs = torch.stack(log_probs, dim=1) if log_probs else None
+    return torch.stack(states, dim=1), stacked_log_probs, sigmas
+
+
+def replay_transition(ctx: ObjectiveContext, rollout: Rollout, index: int, *,
+                      reference: bool = False) -> tuple[Transition, torch.Tensor]:
+    """Recompute transition ``index`` of a recorded rollout under the current (or reference) policy.
+
+    Returns the sampler's transition (mean, std and the log-prob of the recorded next state) and
+    the model output, so objectives and regularizers can use either.
+    """
+    if rollout.sigmas is None:
+        raise ValueError("replay needs a denoising rollout with sigmas")
+    x = rollout.states[:, index]
+    output = ctx.backbone.predict(x, rollout.sigmas[index], rollout.conditions, ctx.guidance_scale, reference=reference)
+    transition = ctx.sampler.step(x, output, rollout.sigmas, index, next_state=rollout.states[:, index + 1])
+    return transition, output

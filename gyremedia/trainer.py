@@ -1,0 +1,399 @@
+"""The training loop, on an accelerate ``Accelerator`` (one process or many).
+
+One step: sample a rollout -> decode to media -> score with the selected rewards -> group-relative
+advantages over all ranks -> objective (+ regularizers) per micro-step with gradient accumulation
+-> one optimizer step per minibatch -> metrics, hooks, checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from gyremedia import checkpoint as ckpt
+from gyremedia.advantages import distributed_group_advantages
+from gyremedia.config import ConfigError, ResolvedConfig, Selected
+from gyremedia.data import PromptSource
+from gyremedia.distributed import gather_by_sample, global_mean, mean_over_ranks
+from gyremedia.interfaces import BuildContext, ObjectiveContext
+from gyremedia.plugins import PluginManager, call_each
+from gyremedia.rollout import Media, Rollout
+from gyremedia.sampling import INITIAL_NOISE, STEP_NOISE, sample_generators, sample_trajectories
+
+logger = logging.getLogger("gyremedia")
+
+RESOLVED_CONFIG = "config.yaml"
+
+
+class RewardError(RuntimeError):
+    """A reward raised or returned a non-finite or malformed score."""
+
+
+@dataclass
+class TrainState:
+    """Everything hooks may look at during a run."""
+
+    config: ResolvedConfig
+    accelerator: Any
+    run_dir: Path
+    plugins: PluginManager
+    step: int = 0  # optimizer steps completed (one rollout each)
+    backbone: Any = None
+    sampler: Any = None
+    objective: Any = None
+    rewards: dict[str, Any] = field(default_factory=dict)
+    regularizers: dict[str, Any] = field(default_factory=dict)
+    loggers: list[Any] = field(default_factory=list)
+    optimizer: Any = None
+    lr_scheduler: Any = None
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _create_accelerator():
+    from accelerate import Accelerator
+
+    return Accelerator()
+
+
+def check_process_layout(config: ResolvedConfig, num_processes: int) -> None:
+    """Batch-size constraints that depend on the number of processes (checked before models load)."""
+    rollout, train = config.core.rollout, config.core.train
+    if rollout.batch_size % num_processes:
+        raise ConfigError(
+            f"rollout.batch_size={rollout.batch_size} is not divisible by the {num_processes} processes: "
+            f"use a multiple of {num_processes}"
+        )
+    per_rank = rollout.batch_size // num_processes
+    if per_rank % train.num_minibatches:
+        raise ConfigError(
+            f"each process holds {per_rank} samples, not divisible by train.num_minibatches={train.num_minibatches}"
+        )
+
+
+class Trainer:
+    """Builds the selected components and runs the loop; ``Trainer(config, pm).train()``."""
+
+    def __init__(self, config: ResolvedConfig, plugins: PluginManager, *, resume: bool = False,
+                 accelerator: Any = None) -> None:
+        self.config = config
+        self.core = config.core
+        self.accelerator = accelerator or _create_accelerator()
+        check_process_layout(config, self.accelerator.num_processes)
+        self.run_dir = Path(self.core.run.output_dir)
+        self.resume_from = self._checkpoint_to_resume(resume)
+        self.state = TrainState(config=config, accelerator=self.accelerator, run_dir=self.run_dir, plugins=plugins)
+        self.prompts = PromptSource(self.core.data.prompts, self.core.data.prompts_file)
+
+    # ------------------------------------------------------------------ set-up
+
+    def _checkpoint_to_resume(self, resume: bool) -> Path | None:
+        latest = ckpt.latest_checkpoint(self.run_dir)
+        if resume:
+            if latest is None:
+                logger.warning("no complete checkpoint in %s: starting from step 0", self.run_dir)
+            return latest
+        if latest is not None:
+            raise ConfigError(
+                f"run.output_dir={str(self.run_dir)!r} already holds checkpoints: resume it with "
+                f"`gyremedia train --resume {self.run_dir}` or set run.output_dir to a new folder"
+            )
+        return None
+
+    def _build(self, selected: Selected, context: BuildContext) -> Any:
+        component = self.state.plugins.component(selected.kind, selected.name).build(selected.options, context)
+        self.state.plugins.register_component(component, name=f"{selected.kind}:{selected.name}")
+        return component
+
+    def setup(self) -> TrainState:
+        """Write the resolved config, build components, prepare with accelerate, maybe resume."""
+        from accelerate.utils import set_seed
+
+        acc, state = self.accelerator, self.state
+        if acc.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / RESOLVED_CONFIG).write_text(self.config.to_yaml())
+        acc.wait_for_everyone()
+        set_seed(self.core.run.seed, device_specific=True)
+        state.plugins.hook.gyremedia_configure(config=self.config, accelerator=acc)
+
+        context = BuildContext(device=acc.device, run_dir=self.run_dir, accelerator=acc,
+                               seed=self.core.run.seed, is_main_process=acc.is_main_process)
+        state.backbone = self._build(self.config.backbone, context)
+        state.sampler = self._build(self.config.sampler, context)
+        state.objective = self._build(self.config.objective, context)
+        state.rewards = {s.name: self._build(s, context) for s in self.config.rewards}
+        for name, reward in state.rewards.items():
+            kinds = set(getattr(reward, "kinds", ()))
+            if state.backbone.media_kind not in kinds:
+                raise ConfigError(
+                    f"reward {name!r} scores {sorted(kinds)} but backbone {self.config.backbone.name!r} "
+                    f"produces {state.backbone.media_kind!r} media"
+                )
+        state.regularizers = {s.name: self._build(s, context) for s in self.config.regularizers}
+        state.loggers = [self._build(s, context) for s in self.config.loggers] if acc.is_main_process else []
+        components = [state.objective, *state.regularizers.values()]
+        if any(getattr(c, "needs_reference", False) for c in components):
+            state.backbone.enable_reference()
+
+        module = state.backbone.trainable_module()
+        params = [p for p in module.parameters() if p.requires_grad]
+        if not params:
+            raise ConfigError("the backbone has no trainable parameters")
+        train = self.core.train
+        optimizer = torch.optim.AdamW(params, lr=train.learning_rate, betas=(train.adam_beta1, train.adam_beta2),
+                                      weight_decay=train.weight_decay)
+        warmup = max(train.warmup_steps, 0)
+        # One LR-schedule step per optimizer step. Not passed to accelerate.prepare, which would
+        # advance it once per process and make the schedule depend on the process count.
+        state.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        prepared, state.optimizer = acc.prepare(module, optimizer)
+        state.backbone.set_training_module(prepared)
+        self._trained_module = prepared
+        self._params = params
+
+        if self.resume_from is not None:
+            weights, saved = ckpt.load_checkpoint(acc, self.resume_from, optimizer=state.optimizer,
+                                                  scheduler=state.lr_scheduler)
+            state.backbone.load_trainable_state_dict(weights)
+            state.step = saved["step"]
+            state.plugins.hook.gyremedia_on_load_checkpoint(state=state, path=self.resume_from,
+                                                            plugin_state=saved.get("plugins", {}))
+            logger.info("resumed from %s at step %d", self.resume_from, state.step)
+        return state
+
+    # ------------------------------------------------------------------ one step
+
+    def _rank_slice(self) -> tuple[int, int]:
+        per_rank = self.core.rollout.batch_size // self.accelerator.num_processes
+        start = self.accelerator.process_index * per_rank
+        return start, per_rank
+
+    def collect_rollout(self, step: int) -> Rollout:
+        """Sample this rank's share of the step's groups, in the chunks training will replay."""
+        r, state = self.core.rollout, self.state
+        group_prompts = self.prompts.groups_for_step(self.core.run.seed, step, r.batch_size // r.group_size)
+        start, per_rank = self._rank_slice()
+        sample_ids = torch.arange(start, start + per_rank)
+        group_ids = sample_ids // r.group_size
+        prompts = [group_prompts[g] for g in group_ids.tolist()]
+        noise_ids = group_ids if r.same_noise_in_group else sample_ids
+        chunk = per_rank // self.core.train.num_minibatches
+        parts = []
+        state.backbone.trainable_module().eval()
+        for begin in range(0, per_rank, chunk):
+            span = slice(begin, begin + chunk)
+            conditions = state.backbone.encode(prompts[span])
+            states, log_probs, sigmas = sample_trajectories(
+                state.backbone, state.sampler, conditions,
+                initial_generators=sample_generators(self.core.run.seed, step, INITIAL_NOISE, noise_ids[span].tolist()),
+                step_generators=sample_generators(self.core.run.seed, step, STEP_NOISE, sample_ids[span].tolist()),
+                num_steps=r.num_steps, guidance_scale=r.guidance_scale,
+            )
+            parts.append((conditions, states, log_probs))
+        return Rollout(
+            prompts=prompts,
+            sample_ids=sample_ids,
+            group_ids=group_ids,
+            conditions={k: torch.cat([p[0][k] for p in parts]) for k in parts[0][0]},
+            states=torch.cat([p[1] for p in parts]),
+            log_probs=torch.cat([p[2] for p in parts]) if parts[0][2] is not None else None,
+            sigmas=sigmas,
+        )
+
+    def score(self, rollout: Rollout, step: int) -> dict[str, float]:
+        """Decode, call each selected reward, and set ``rollout.rewards`` and ``rollout.reward``."""
+        state = self.state
+        rollout.media = state.backbone.decode(rollout.final)
+        components: dict[str, torch.Tensor] = {}
+        for selected in self.config.rewards:
+            scores = self._call_reward(selected.name, state.rewards[selected.name], rollout, step)
+            rollout.rewards[selected.name] = scores.pop("score")
+            components.update({f"reward/{selected.name}/{k}": v for k, v in scores.items()})
+        state.plugins.hook.gyremedia_process_rewards(state=state, rollout=rollout, rewards=rollout.rewards)
+        weights = {s.name: s.weight for s in self.config.rewards}
+        rollout.reward = sum(weights[name] * value.float() for name, value in rollout.rewards.items())
+        metrics = {f"reward/{name}": global_mean(self.accelerator, v) for name, v in rollout.rewards.items()}
+        metrics.update({k: global_mean(self.accelerator, v) for k, v in components.items()})
+        return metrics
+
+    def _call_reward(self, name: str, reward: Any, rollout: Rollout, step: int) -> dict[str, torch.Tensor]:
+        def fail(why: str, index: int | None = None) -> RewardError:
+            where = f" on prompt {rollout.prompts[index]!r}" if index is not None else f" on prompts {rollout.prompts[:4]}"
+            return RewardError(f"reward {name!r} failed at step {step}{where}: {why}")
+
+        try:
+            output = reward(rollout.media, rollout.prompts)
+        except Exception as exc:
+            raise fail(f"{type(exc).__name__}: {exc}") from exc
+        scores = {"score": output} if isinstance(output, torch.Tensor) else dict(output)
+        if "score" not in scores:
+            raise fail(f"returned keys {sorted(scores)} without a 'score'")
+        for key, value in scores.items():
+            value = torch.as_tensor(value, dtype=torch.float32).to(self.accelerator.device)
+            if value.shape != (len(rollout),):
+                raise fail(f"'{key}' has shape {tuple(value.shape)}, expected ({len(rollout)},)")
+            bad = (~torch.isfinite(value)).nonzero().flatten()
+            if len(bad):
+                raise fail(f"'{key}' is {value[bad[0]].item()}", int(bad[0]))
+            scores[key] = value
+        return scores
+
+    def compute_advantages(self, rollout: Rollout) -> dict[str, float]:
+        adv = self.core.advantage
+        rollout.advantages = distributed_group_advantages(
+            self.accelerator, rollout.reward, rollout.group_ids, rollout.sample_ids, adv.std, adv.eps)
+        rewards, groups, _ = gather_by_sample(self.accelerator, rollout.sample_ids, rollout.reward, rollout.group_ids)
+        group_std = torch.stack([rewards[groups == g].std(unbiased=False) for g in groups.unique()])
+        return {"reward": rewards.mean().item(), "reward_std": rewards.std(unbiased=False).item(),
+                "reward_group_std": group_std.mean().item()}
+
+    def optimize(self, rollout: Rollout, step: int) -> dict[str, float]:
+        """One optimizer step per minibatch; gradients accumulate over the objective's micro-steps."""
+        state, acc, train = self.state, self.accelerator, self.core.train
+        state.backbone.trainable_module().train()
+        ctx = ObjectiveContext(backbone=state.backbone, sampler=state.sampler,
+                               guidance_scale=self.core.rollout.guidance_scale, step=step)
+        size = len(rollout) // train.num_minibatches
+        sums: dict[str, float] = {}
+        count = 0
+        for begin in range(0, len(rollout), size):
+            batch = rollout.select(slice(begin, begin + size))
+            micro_steps = state.objective.micro_steps(batch, step)
+            for k, micro in enumerate(micro_steps):
+                last = k == len(micro_steps) - 1
+                sync = contextlib.nullcontext() if last else acc.no_sync(self._trained_module)
+                with sync:
+                    out = state.objective.loss(ctx, batch, micro)
+                    loss, terms = out.loss, dict(out.metrics)
+                    for selected in self.config.regularizers:
+                        regularizer = state.regularizers[selected.name]
+                        for key, value in regularizer(state=state, rollout=batch, outputs=out.outputs).items():
+                            loss = loss + selected.weight * value
+                            terms[f"{selected.name}/{key}"] = value.detach()
+                    terms["loss"] = loss.detach()
+                    acc.backward(loss / len(micro_steps))
+                for key, value in terms.items():
+                    sums[key] = sums.get(key, 0.0) + float(value)
+                count += 1
+            grad_norm = acc.clip_grad_norm_(self._params, train.max_grad_norm)
+            state.optimizer.step()
+            state.lr_scheduler.step()
+            state.optimizer.zero_grad(set_to_none=True)
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm) * len(micro_steps)
+        metrics = {key: mean_over_ranks(acc, total / count) for key, total in sums.items()}
+        metrics["lr"] = state.lr_scheduler.get_last_lr()[0]
+        return metrics
+
+    def train_step(self, step: int) -> dict[str, float]:
+        state = self.state
+        times = {}
+        start = time.perf_counter()
+        rollout = self.collect_rollout(step)
+        state.plugins.hook.gyremedia_after_rollout(state=state, rollout=rollout)
+        times["time/rollout"] = time.perf_counter() - start
+        start = time.perf_counter()
+        metrics = self.score(rollout, step)
+        metrics.update(self.compute_advantages(rollout))
+        times["time/reward"] = time.perf_counter() - start
+        start = time.perf_counter()
+        metrics.update(self.optimize(rollout, step))
+        times["time/train"] = time.perf_counter() - start
+        metrics.update(times)
+        return metrics
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Score fixed-seed samples of the eval prompts (main process); saves a sample grid."""
+        state, ev = self.state, self.core.eval
+        prompts_list = self.core.data.eval_prompts or self.prompts.prompts[:4]
+        prompts = [p for p in prompts_list for _ in range(ev.samples_per_prompt)]
+        metrics: dict[str, float] = {}
+        if self.accelerator.is_main_process:
+            ids = list(range(len(prompts)))
+            state.backbone.trainable_module().eval()
+            conditions = state.backbone.encode(prompts)
+            states, _, _ = sample_trajectories(
+                state.backbone, state.sampler, conditions,
+                initial_generators=sample_generators(ev.seed, 0, INITIAL_NOISE, ids),
+                step_generators=sample_generators(ev.seed, 0, STEP_NOISE, ids),
+                num_steps=self.core.rollout.num_steps, guidance_scale=self.core.rollout.guidance_scale,
+            )
+            media = state.backbone.decode(states[:, -1])
+            for name, reward in state.rewards.items():
+                output = reward(media, prompts)
+                score = output if isinstance(output, torch.Tensor) else output["score"]
+                metrics[f"eval/reward/{name}"] = float(torch.as_tensor(score, dtype=torch.float32).mean())
+            self._save_grid(media, step)
+            state.plugins.hook.gyremedia_on_eval(state=state, media=media, metrics=metrics)
+        self.accelerator.wait_for_everyone()
+        return metrics
+
+    def _save_grid(self, media: Media, step: int) -> None:
+        if media.kind != "image":
+            return
+        from torchvision.utils import save_image
+
+        folder = self.run_dir / "samples"
+        folder.mkdir(exist_ok=True)
+        save_image(media.data, folder / f"step-{step:06d}.png", nrow=self.core.eval.samples_per_prompt)
+
+    # ------------------------------------------------------------------ loop
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        for sink in self.state.loggers:
+            sink.log(metrics, step)
+
+    def save(self) -> Path:
+        state = self.state
+        plugin_state = {k: v for k, v in call_each(state.plugins.pm, "gyremedia_on_save_checkpoint", state=state,
+                                                   path=self.run_dir).items() if v is not None}
+        return ckpt.save_checkpoint(
+            self.accelerator, self.run_dir, state.step, weights=state.backbone.trainable_state_dict(),
+            optimizer=state.optimizer, scheduler=state.lr_scheduler, plugin_state=plugin_state,
+            keep_last=self.core.checkpoint.keep_last,
+        )
+
+    def train(self) -> TrainState:
+        """Run from the current step to ``train.steps``; returns the final state."""
+        state = self.setup() if self.state.backbone is None else self.state
+        acc, total = self.accelerator, self.core.train.steps
+        progress = tqdm(total=total, initial=state.step, desc="train", dynamic_ncols=True,
+                        disable=not (acc.is_main_process and self.core.logging.progress))
+        try:
+            if state.step == 0:
+                self._log(self.evaluate(0), 0)
+            while state.step < total:
+                step = state.step
+                metrics = self.train_step(step)
+                state.step = step + 1
+                metrics["step"] = state.step
+                if self.core.eval.every and state.step % self.core.eval.every == 0 and state.step < total:
+                    metrics.update(self.evaluate(state.step))
+                if state.step == total:
+                    metrics.update(self.evaluate(state.step))
+                state.plugins.hook.gyremedia_on_step_end(state=state, metrics=metrics)
+                state.last_metrics = metrics
+                self._log(metrics, state.step)
+                progress.update(1)
+                progress.set_postfix(reward=f"{metrics['reward']:.4f}", loss=f"{metrics['loss']:.4g}")
+                if state.step % self.core.checkpoint.every == 0 or state.step == total:
+                    self.save()
+            state.plugins.hook.gyremedia_on_train_end(state=state)
+        except BaseException as exc:
+            state.plugins.hook.gyremedia_on_exception(state=state, exc=exc)
+            raise
+        finally:
+            progress.close()
+            for sink in state.loggers:
+                sink.close()
+        return state

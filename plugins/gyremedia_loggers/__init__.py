@@ -1,0 +1,49 @@
+"""First-party metric loggers, registered through the ``gyremedia`` entry point."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from gyremedia import hookimpl
+
+
+@dataclass
+class JsonlOptions:
+    filename: str = "metrics.jsonl"  # inside the run folder
+
+
+class JsonlLogger:
+    """Appends one JSON object per logged step to ``RUN_DIR/metrics.jsonl``.
+
+    On resume it drops the lines logged after the checkpoint, so the file reads as one clean run.
+    """
+
+    def __init__(self, options: JsonlOptions, context) -> None:
+        self.path = Path(context.run_dir) / options.filename
+        self._file = None
+
+    def log(self, metrics: dict, step: int) -> None:
+        if self._file is None:
+            self._file = self.path.open("a")
+        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    @hookimpl
+    def gyremedia_on_load_checkpoint(self, state, path, plugin_state) -> None:
+        if not self.path.is_file():
+            return
+        lines = self.path.read_text().splitlines()
+        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= state.step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+
+@hookimpl
+def gyremedia_register_loggers(register):
+    register("jsonl", JsonlLogger, options=JsonlOptions, description="metrics.jsonl in the run folder")

@@ -1,0 +1,46 @@
+"""DDPO's (in)compressibility reward: the size of an image's JPEG encoding.
+
+Rewarding small files pushes a generator to flat, simple images; rewarding large ones (a negative
+weight, or ``sign: 1``) to detailed, textured images. Deterministic and weight-free.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from gyremedia.rollout import Media
+
+
+@dataclass
+class JpegOptions:
+    quality: int = 95  # JPEG quality used to measure the size (DDPO: 95)
+    sign: int = -1  # -1 rewards compressible images, +1 incompressible ones
+
+
+class JpegCompressibility:
+    """``sign * size_kB(JPEG(image))`` per image."""
+
+    kinds = {"image"}
+
+    def __init__(self, options: JpegOptions, context=None) -> None:
+        if options.sign not in (-1, 1):
+            raise ValueError("reward sign must be -1 (compressibility) or 1 (incompressibility)")
+        if not 1 <= options.quality <= 100:
+            raise ValueError("reward quality must be in [1, 100]")
+        self.quality = options.quality
+        self.sign = options.sign
+
+    def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
+        images = (media.data.detach().cpu().clamp(0, 1) * 255).round().to(torch.uint8)
+        sizes = []
+        for image in images.permute(0, 2, 3, 1).numpy():
+            buffer = io.BytesIO()
+            Image.fromarray(np.ascontiguousarray(image)).save(buffer, format="JPEG", quality=self.quality)
+            sizes.append(buffer.tell() / 1000)
+        size = torch.tensor(sizes, dtype=torch.float32)
+        return {"score": self.sign * size, "size_kb": size}

@@ -1,0 +1,10 @@
+"""First-party samplers (transition kernels), registered through the ``gyremedia`` entry point."""
+
+from gyremedia import hookimpl
+from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
+
+
+@hookimpl
+def gyremedia_register_samplers(register):
+    register("flow_sde", FlowSDESampler, options=FlowSDEOptions, has_log_prob=True,
+             description="Flow-GRPO's SDE step with the flow ODE's marginals; Gaussian log-prob per step")
