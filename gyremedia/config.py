@@ -191,8 +191,13 @@ def _unknown_key_errors(user: Any, schema: type, prefix: str, extra_keys: tuple[
 def _merge(schema: type, user: Any, prefix: str) -> tuple[Any, list[str]]:
     """Merge ``user`` onto the structured ``schema``; return the object and type/missing errors."""
     base = OmegaConf.structured(schema)
+    user = OmegaConf.create(user if user is not None else {})
+    # A '???' in the user's config would not override a default on merge, so look for it first.
+    missing = sorted(OmegaConf.missing_keys(user))
+    if missing:
+        return None, [f"missing value for '{prefix}{k}': set it in the yaml or with {prefix}{k}=..." for k in missing]
     try:
-        merged = OmegaConf.merge(base, user if user is not None else {})
+        merged = OmegaConf.merge(base, user)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
         reason = str(exc).splitlines()[0]
@@ -214,11 +219,13 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"overrides must look like key=value, got: {', '.join(bad)}")
-    if overrides:
+    for override in overrides:
+        key, value = override.split("=", 1)
         try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-        except OmegaConfBaseException as exc:
-            raise ConfigError(f"could not apply overrides: {exc}") from exc
+            parsed = OmegaConf.from_dotlist([f"value={value}"])._get_node("value")
+            OmegaConf.update(cfg, key.strip(), parsed, merge=True, force_add=True)
+        except (OmegaConfBaseException, ValueError, IndexError, KeyError) as exc:
+            raise ConfigError(f"could not apply override {override!r}: {exc}") from exc
     return cfg
 
 

@@ -122,8 +122,8 @@ class PluginManager:
         self.distributions: dict[str, str] = {}
         if load_entry_points:
             self._load_entry_points()
-        for plugin in extra_plugins:
-            self.register_module(plugin, name=getattr(plugin, "__name__", None))
+        for plugin in extra_plugins:  # plugin state in checkpoints is keyed by this stable name
+            self.register_module(plugin, name=getattr(plugin, "__name__", None) or type(plugin).__name__)
         self.registry = self._collect_registrations()
 
     @property

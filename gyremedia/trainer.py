@@ -53,13 +53,16 @@ class TrainState:
     loggers: list[Any] = field(default_factory=list)
     optimizer: Any = None
     lr_scheduler: Any = None
+    rollout: Rollout | None = None  # the step's rollout, scored and with advantages, for hooks
     last_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def _create_accelerator():
     from accelerate import Accelerator
 
-    return Accelerator()
+    # Without an accelerator device, accelerate runs several launched processes as gloo ranks
+    # (MULTI_CPU) only when told to use the CPU.
+    return Accelerator(cpu=not torch.accelerator.is_available())
 
 
 def check_process_layout(config: ResolvedConfig, num_processes: int) -> None:
@@ -218,33 +221,39 @@ class Trainer:
             rollout.rewards[selected.name] = scores.pop("score")
             components.update({f"reward/{selected.name}/{k}": v for k, v in scores.items()})
         state.plugins.hook.gyremedia_process_rewards(state=state, rollout=rollout, rewards=rollout.rewards)
+        for name, values in rollout.rewards.items():
+            self._check_finite(name, step, rollout, values, "the score after gyremedia_process_rewards")
         weights = {s.name: s.weight for s in self.config.rewards}
         rollout.reward = sum(weights[name] * value.float() for name, value in rollout.rewards.items())
         metrics = {f"reward/{name}": global_mean(self.accelerator, v) for name, v in rollout.rewards.items()}
         metrics.update({k: global_mean(self.accelerator, v) for k, v in components.items()})
         return metrics
 
-    def _call_reward(self, name: str, reward: Any, rollout: Rollout, step: int) -> dict[str, torch.Tensor]:
-        def fail(why: str, index: int | None = None) -> RewardError:
-            where = f" on prompt {rollout.prompts[index]!r}" if index is not None else f" on prompts {rollout.prompts[:4]}"
-            return RewardError(f"reward {name!r} failed at step {step}{where}: {why}")
+    @staticmethod
+    def _reward_error(name: str, step: int, rollout: Rollout, why: str, index: int | None = None) -> RewardError:
+        where = f" on prompt {rollout.prompts[index]!r}" if index is not None else f" on prompts {rollout.prompts[:4]}"
+        return RewardError(f"reward {name!r} failed at step {step}{where}: {why}")
 
+    def _call_reward(self, name: str, reward: Any, rollout: Rollout, step: int) -> dict[str, torch.Tensor]:
         try:
             output = reward(rollout.media, rollout.prompts)
         except Exception as exc:
-            raise fail(f"{type(exc).__name__}: {exc}") from exc
+            raise self._reward_error(name, step, rollout, f"{type(exc).__name__}: {exc}") from exc
         scores = {"score": output} if isinstance(output, torch.Tensor) else dict(output)
         if "score" not in scores:
-            raise fail(f"returned keys {sorted(scores)} without a 'score'")
+            raise self._reward_error(name, step, rollout, f"returned keys {sorted(scores)} without a 'score'")
         for key, value in scores.items():
             value = torch.as_tensor(value, dtype=torch.float32).to(self.accelerator.device)
             if value.shape != (len(rollout),):
-                raise fail(f"'{key}' has shape {tuple(value.shape)}, expected ({len(rollout)},)")
-            bad = (~torch.isfinite(value)).nonzero().flatten()
-            if len(bad):
-                raise fail(f"'{key}' is {value[bad[0]].item()}", int(bad[0]))
+                raise self._reward_error(name, step, rollout, f"'{key}' has shape {tuple(value.shape)}, expected ({len(rollout)},)")
+            self._check_finite(name, step, rollout, value, f"'{key}'")
             scores[key] = value
         return scores
+
+    def _check_finite(self, name: str, step: int, rollout: Rollout, values: torch.Tensor, what: str) -> None:
+        bad = (~torch.isfinite(values)).nonzero().flatten()
+        if len(bad):
+            raise self._reward_error(name, step, rollout, f"{what} is {values[bad[0]].item()}", int(bad[0]))
 
     def compute_advantages(self, rollout: Rollout) -> dict[str, float]:
         adv = self.core.advantage
@@ -306,6 +315,7 @@ class Trainer:
         start = time.perf_counter()
         metrics.update(self.optimize(rollout, step))
         times["time/train"] = time.perf_counter() - start
+        state.rollout = rollout
         metrics.update(times)
         return metrics
 

@@ -1,0 +1,99 @@
+"""GRPO's clipped-ratio loss and KL term on a backbone whose policy is one scalar weight."""
+
+import pytest
+import torch
+
+from gyremedia.interfaces import BuildContext, ObjectiveContext
+from gyremedia.objectives.grpo import GRPOObjective, GRPOOptions
+from gyremedia.rollout import Rollout
+from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
+
+
+class ScalarBackbone:
+    """velocity = w * x; the reference policy has w = 1."""
+
+    media_kind = "image"
+
+    def __init__(self, w: float) -> None:
+        self.w = torch.nn.Parameter(torch.tensor(w))
+
+    def predict(self, x, sigma, conditions, guidance_scale=1.0, *, reference=False):
+        return x * (1.0 if reference else self.w)
+
+
+def make_rollout(backbone, sampler, advantages):
+    torch.manual_seed(0)
+    sigmas = torch.tensor([1.0, 0.6, 0.3, 0.0])
+    x = torch.randn(len(advantages), 2, 3)
+    states, log_probs = [x], []
+    with torch.no_grad():
+        for i in range(3):
+            out = sampler.step(x, backbone.predict(x, sigmas[i], {}), sigmas, i, noise=torch.randn_like(x))
+            x = out.next_state
+            states.append(x)
+            log_probs.append(out.log_prob)
+    n = len(advantages)
+    return Rollout(prompts=["p"] * n, sample_ids=torch.arange(n), group_ids=torch.zeros(n, dtype=torch.long),
+                   conditions={}, states=torch.stack(states, 1), log_probs=torch.stack(log_probs, 1),
+                   sigmas=sigmas, advantages=torch.tensor(advantages))
+
+
+def objective(**options):
+    return GRPOObjective(GRPOOptions(**options), BuildContext(device=torch.device("cpu")))
+
+
+def test_on_policy_ratio_is_one_and_loss_is_minus_mean_advantage():
+    backbone, sampler = ScalarBackbone(0.5), FlowSDESampler(FlowSDEOptions())
+    rollout = make_rollout(backbone, sampler, [1.0, -1.0, 3.0, 0.0])
+    ctx = ObjectiveContext(backbone=backbone, sampler=sampler, guidance_scale=1.0, step=0)
+    out = objective().loss(ctx, rollout, 1)
+    assert out.metrics["ratio"].item() == 1.0 and out.metrics["approx_kl"].item() == 0.0
+    torch.testing.assert_close(out.loss, torch.tensor(-0.75))
+    out.loss.backward()
+    assert backbone.w.grad is not None and backbone.w.grad != 0
+
+
+def test_advantages_are_clipped():
+    backbone, sampler = ScalarBackbone(0.5), FlowSDESampler(FlowSDEOptions())
+    rollout = make_rollout(backbone, sampler, [100.0, -100.0, 2.0, 0.0])
+    ctx = ObjectiveContext(backbone=backbone, sampler=sampler, guidance_scale=1.0, step=0)
+    out = objective(adv_clip_max=5.0).loss(ctx, rollout, 0)
+    torch.testing.assert_close(out.loss, torch.tensor(-(5.0 - 5.0 + 2.0) / 4))
+
+
+def test_ratio_outside_the_clip_range_gives_no_gradient():
+    sampler = FlowSDESampler(FlowSDEOptions())
+    rollout = make_rollout(ScalarBackbone(0.5), sampler, [1.0, 1.0])
+    moved = ScalarBackbone(0.9)  # the policy moved far from the one that sampled
+    ctx = ObjectiveContext(backbone=moved, sampler=sampler, guidance_scale=1.0, step=0)
+    out = objective(clip_range=1e-4).loss(ctx, rollout, 2)
+    assert out.metrics["clip_fraction"].item() == 1.0
+    out.loss.backward()
+    # max(-A r, -A clip(r)) picks the clipped, constant branch when r moved past 1 + eps with A > 0,
+    # and the unclipped one (with gradient) when r fell below 1 - eps; at least one side must be flat.
+    ratio = out.metrics["ratio"].item()
+    if ratio > 1:
+        assert moved.w.grad.item() == 0.0
+    else:
+        assert moved.w.grad.item() != 0.0
+
+
+def test_kl_is_zero_at_the_reference_and_positive_away_from_it():
+    sampler = FlowSDESampler(FlowSDEOptions())
+    at_reference = ScalarBackbone(1.0)
+    rollout = make_rollout(at_reference, sampler, [1.0, -1.0])
+    ctx = ObjectiveContext(backbone=at_reference, sampler=sampler, guidance_scale=1.0, step=0)
+    assert objective(kl_beta=0.1).loss(ctx, rollout, 0).metrics["kl"].item() == 0.0
+    away = ObjectiveContext(backbone=ScalarBackbone(0.5), sampler=sampler, guidance_scale=1.0, step=0)
+    assert objective(kl_beta=0.1).loss(away, rollout, 0).metrics["kl"].item() > 0.0
+
+
+def test_timestep_fraction_picks_a_reproducible_subset():
+    sampler = FlowSDESampler(FlowSDEOptions())
+    rollout = make_rollout(ScalarBackbone(0.5), sampler, [1.0, -1.0])
+    half = objective(timestep_fraction=0.5)
+    assert objective().micro_steps(rollout, 0) == [0, 1, 2]
+    picked = half.micro_steps(rollout, 7)
+    assert len(picked) == 2 and picked == half.micro_steps(rollout, 7)
+    with pytest.raises(ValueError):
+        objective(timestep_fraction=0.0)

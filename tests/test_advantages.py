@@ -1,0 +1,43 @@
+"""Group-relative advantages: by hand, zero mean per group, and gathered over ranks."""
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from gyremedia.advantages import distributed_group_advantages, group_advantages
+
+
+def test_group_advantages_by_hand():
+    rewards = torch.tensor([1.0, 2.0, 3.0, 4.0, 10.0, 10.0, 10.0, 10.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    std = torch.tensor([1.0, 2.0, 3.0, 4.0]).std(unbiased=False).item()  # population std, as Flow-GRPO
+    expected = torch.tensor([-1.5, -0.5, 0.5, 1.5, 0, 0, 0, 0]) / torch.tensor([std + 1e-4] * 4 + [1e-4] * 4)
+    torch.testing.assert_close(group_advantages(rewards, groups), expected)
+
+
+def test_advantages_have_zero_mean_per_group():
+    torch.manual_seed(0)
+    rewards, groups = torch.randn(24), torch.arange(24) // 6
+    advantages = group_advantages(rewards, groups)
+    for g in range(4):
+        assert abs(advantages[groups == g].mean().item()) < 1e-6
+        assert advantages[groups == g].std(unbiased=False).item() == pytest.approx(1.0, abs=1e-3)
+
+
+def test_global_and_no_std():
+    rewards, groups = torch.tensor([0.0, 2.0, 10.0, 14.0]), torch.tensor([0, 0, 1, 1])
+    torch.testing.assert_close(group_advantages(rewards, groups, std="none"), torch.tensor([-1.0, 1.0, -2.0, 2.0]))
+    scale = rewards.std(unbiased=False).item() + 1e-4
+    torch.testing.assert_close(group_advantages(rewards, groups, std="global"),
+                               torch.tensor([-1.0, 1.0, -2.0, 2.0]) / scale)
+    with pytest.raises(ValueError, match="expected group, global or none"):
+        group_advantages(rewards, groups, std="rank")
+
+
+def test_distributed_matches_plain_on_one_process_with_any_sample_order():
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(1)
+    rewards, groups = torch.randn(8), torch.arange(8) // 4
+    order = torch.tensor([5, 2, 7, 0, 1, 6, 3, 4])
+    local = distributed_group_advantages(accelerator, rewards[order], groups[order], order)
+    torch.testing.assert_close(local, group_advantages(rewards, groups)[order])

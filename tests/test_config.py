@@ -1,0 +1,101 @@
+"""Config validation: every bad config fails before any model loads, naming the key and the fix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gyremedia.config import ConfigError
+from gyremedia.trainer import Trainer
+
+BAD_CONFIGS = [
+    # (overrides, text the error must contain)
+    (["train.lerning_rate=0.1"], ["unknown key 'train.lerning_rate'", "did you mean 'train.learning_rate'"]),
+    (["trian.steps=3"], ["unknown key 'trian'", "did you mean 'train'"]),
+    (["sampler.noise_levl=0.5"], ["unknown key 'sampler.noise_levl'", "did you mean 'sampler.noise_level'"]),
+    (["train.steps=many"], ["wrong type for 'train.steps'"]),
+    (["objective.clip_range=wide"], ["wrong type for 'objective.clip_range'"]),
+    (["sampler.name=flow_sdee"], ["unknown sampler 'flow_sdee'", "Registered samplers: flow_sde", "Did you mean 'flow_sde'"]),
+    (["rewards.0.name=aesthetics"], ["'rewards.0.name'", "unknown reward 'aesthetics'", "jpeg_compressibility"]),
+    (["rollout.batch_size=10"], ["rollout.batch_size=10 is not divisible by rollout.group_size=4", "rollout.batch_size=8 or 12"]),
+    (["rollout.group_size=1", "rollout.batch_size=4"], ["rollout.group_size=1", "rollout.group_size>=2"]),
+    (["run.seed=???"], ["missing value for 'run.seed'"]),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", BAD_CONFIGS, ids=[o[0][0] for o in BAD_CONFIGS])
+def test_bad_config_names_key_and_fix(make_config, overrides, expected):
+    with pytest.raises(ConfigError) as info:
+        make_config(*overrides)
+    for text in expected:
+        assert text in str(info.value)
+
+
+def test_missing_component_section(tmp_path, plugin_manager):
+    from gyremedia.config import load_config, resolve_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {prompts: [x]}\n")
+    with pytest.raises(ConfigError) as info:
+        resolve_config(load_config(path), plugin_manager)
+    for section in ("backbone", "sampler", "objective", "rewards"):
+        assert f"missing value for '{section}'" in str(info.value)
+
+
+def test_every_error_is_reported_at_once(make_config):
+    with pytest.raises(ConfigError) as info:
+        make_config("sampler.name=nope", "rewards.0.name=nope", "rollout.batch_size=10")
+    message = str(info.value)
+    assert "unknown sampler" in message and "unknown reward" in message and "not divisible" in message
+
+
+def test_resolved_config_fills_plugin_defaults(make_config):
+    config = make_config("sampler.noise_level=0.5")
+    assert config.sampler.options.noise_level == 0.5
+    text = config.to_yaml()
+    assert "noise_level: 0.5" in text and "adv_clip_max: 5.0" in text and "quality: 95" in text
+
+
+class FourProcesses:
+    num_processes = 4
+
+
+def test_batch_not_divisible_by_processes_fails_before_models_load(make_config):
+    with pytest.raises(ConfigError, match="not divisible by the 4 processes"):
+        Trainer(make_config("rollout.batch_size=6", "rollout.group_size=3"), None, accelerator=FourProcesses())
+    with pytest.raises(ConfigError, match="train.num_minibatches=4"):
+        Trainer(make_config("rollout.batch_size=12", "rollout.group_size=3", "train.num_minibatches=4"),
+                None, accelerator=FourProcesses())
+
+
+def test_existing_run_folder_is_not_overwritten(make_config, tmp_path):
+    (tmp_path / "run" / "checkpoints" / "step-000001").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "step-000001" / "trainer_state.json").write_text("{}")
+    with pytest.raises(ConfigError, match="--resume"):
+        Trainer(make_config(), None)
+
+
+@pytest.mark.parametrize("override,key", [("train.lerning_rate=1", "train.lerning_rate"),
+                                          ("sampler.name=flow_sdee", "flow_sdee"),
+                                          ("rollout.batch_size=7", "rollout.batch_size")])
+def test_cli_rejects_bad_config_in_seconds_without_loading_a_model(tiny_yaml, tmp_path, override, key):
+    """The CLI exits 2, names the key, creates no run folder; importing diffusers is not needed."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    probe = (
+        "import sys; from gyremedia.cli import main; code = main(sys.argv[1:]); "
+        "loaded = [m for m in ('diffusers', 'transformers') if m in sys.modules]; "
+        "print('LOADED', loaded, file=sys.stderr); sys.exit(code)"
+    )
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", probe, "train", str(tiny_yaml), override],
+                            capture_output=True, text=True, env=env, timeout=120)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 2, result.stderr
+    assert key in result.stderr
+    assert "LOADED []" in result.stderr
+    assert not (tmp_path / "run").exists()
+    assert elapsed < 30

@@ -1,0 +1,50 @@
+"""Two real processes (gloo on CPU): group statistics over all ranks, identical weights on every rank."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+# 12 samples in groups of 4 over 2 ranks of 6: group 1 (samples 4-7) is split across the ranks.
+OVERRIDES = ["rollout.batch_size=12", "rollout.group_size=4", "train.steps=3", "checkpoint.every=100"]
+
+
+def run_worker(tiny_yaml, out: Path, processes: int) -> list[dict]:
+    out.mkdir()
+    overrides = [*OVERRIDES, f"run.output_dir={out / 'run'}"]
+    if processes == 1:
+        command = [sys.executable, str(WORKER), str(tiny_yaml), str(out), *overrides]
+    else:
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                   str(WORKER), str(tiny_yaml), str(out), *overrides]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(processes)]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(tiny_yaml, tmp_path):
+    (single,) = run_worker(tiny_yaml, tmp_path / "one", 1)
+    ranks = run_worker(tiny_yaml, tmp_path / "two", 2)
+    assert [r["num_processes"] for r in ranks] == [2, 2]
+    first = [rank["steps"][0] for rank in ranks]
+    assert first[0]["sample_ids"] == list(range(6)) and first[1]["sample_ids"] == list(range(6, 12))
+    assert first[0]["group_ids"][-2:] == [1, 1] and first[1]["group_ids"][:2] == [1, 1]  # a split group
+
+    # Same samples, same rewards, same advantages: the split group is normalised over both ranks.
+    torch.testing.assert_close(torch.tensor(first[0]["rewards"] + first[1]["rewards"]),
+                               torch.tensor(single["steps"][0]["rewards"]), rtol=0, atol=1e-6)
+    advantages = torch.tensor(first[0]["advantages"] + first[1]["advantages"])
+    torch.testing.assert_close(advantages, torch.tensor(single["steps"][0]["advantages"]), rtol=0, atol=1e-5)
+    assert abs(advantages[4:8].mean().item()) < 1e-5 and advantages[4:8].abs().sum() > 0
+    # Metrics are global: both ranks report the same mean reward.
+    assert all(a["reward_metric"] == b["reward_metric"] for a, b in zip(ranks[0]["steps"], ranks[1]["steps"]))
+    # After several optimizer steps the replicas hold bit-identical weights.
+    assert ranks[0]["weights"] == ranks[1]["weights"]

@@ -1,0 +1,227 @@
+"""The training loop end to end on the tiny model: on-policy ratios, hooks, checkpoints, resume."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from gyremedia import hookimpl
+from gyremedia.checkpoint import latest_checkpoint, list_checkpoints
+from gyremedia.cli import main
+from gyremedia.plugins import PluginManager
+from gyremedia.trainer import RewardError, Trainer
+
+
+def read_metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_steps(run_dir) -> list[dict]:
+    return [m for m in read_metrics(run_dir) if "loss" in m]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_every_on_policy_ratio_is_exactly_one(make_config, tmp_path, lora):
+    config = make_config(f"backbone.lora.enabled={lora}", "train.steps=3", "objective.timestep_fraction=0.67")
+    Trainer(config, PluginManager()).train()
+    steps = train_steps(tmp_path / "run")
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    for metrics in steps:
+        # approx_kl = mean((logp - logp_old)^2) / 2 is exactly 0 only if every sample's ratio is exactly 1.
+        assert metrics["approx_kl"] == 0.0 and metrics["ratio"] == 1.0 and metrics["clip_fraction"] == 0.0
+        assert metrics["grad_norm"] > 0
+
+
+def test_run_folder_holds_config_metrics_samples_and_checkpoints(make_config, tmp_path):
+    Trainer(make_config("checkpoint.keep_last=1"), PluginManager()).train()
+    run = tmp_path / "run"
+    assert "noise_level: 0.7" in (run / "config.yaml").read_text()
+    assert [c.name for c in list_checkpoints(run)] == ["step-000002"]
+    files = {p.name for p in latest_checkpoint(run).iterdir()}
+    assert {"trainable.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_rank0.pt"} <= files
+    assert (run / "samples" / "step-000000.png").is_file() and (run / "samples" / "step-000002.png").is_file()
+    metrics = read_metrics(run)
+    assert metrics[0]["step"] == 0 and "eval/reward/jpeg_compressibility" in metrics[0]
+    assert {"reward", "reward_std", "loss", "policy_loss", "lr", "time/rollout"} <= set(metrics[1])
+
+
+def comparable(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if not k.startswith("time/")}
+
+
+def test_resume_reproduces_an_uninterrupted_run(tiny_yaml, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(["train", str(tiny_yaml), f"run.output_dir={straight}", "train.steps=4", "checkpoint.every=2"]) == 0
+    assert main(["train", str(tiny_yaml), f"run.output_dir={split}", "train.steps=2", "checkpoint.every=2"]) == 0
+    # A kill during the next checkpoint leaves a temporary folder behind: resume must ignore it.
+    (split / "checkpoints" / ".tmp-step-000003").mkdir()
+    assert main(["train", "--resume", str(split), "train.steps=4"]) == 0
+    expected, resumed = train_steps(straight), train_steps(split)
+    assert [m["step"] for m in resumed] == [1, 2, 3, 4]
+    assert comparable(resumed[3]) == comparable(expected[3])
+    assert comparable(resumed[2]) == comparable(expected[2])
+
+
+def test_resume_after_a_crash_drops_metrics_logged_after_the_checkpoint(tiny_yaml, tmp_path):
+    run = tmp_path / "crashed"
+    assert main(["train", str(tiny_yaml), f"run.output_dir={run}", "train.steps=3", "checkpoint.every=2"]) == 0
+    (run / "checkpoints" / "step-000003").rename(run / "checkpoints" / ".tmp-step-000003")  # as if killed while saving
+    assert main(["train", "--resume", str(run), "train.steps=3"]) == 0
+    assert [m["step"] for m in read_metrics(run)] == [0, 1, 2, 3]
+
+
+class Recorder:
+    """A module-style plugin that records every lifecycle hook it sees."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.saved_state = None
+
+    @hookimpl
+    def gyremedia_configure(self, config, accelerator):
+        self.calls.append("configure")
+
+    @hookimpl
+    def gyremedia_on_step_end(self, state, metrics):
+        self.calls.append(f"step_end:{state.step}")
+        metrics["recorder/advantage_mean"] = state.rollout.advantages.mean().item()
+
+    @hookimpl
+    def gyremedia_on_eval(self, state, media, metrics):
+        self.calls.append(f"eval:{state.step}:{media.kind}:{len(media)}")
+
+    @hookimpl
+    def gyremedia_on_save_checkpoint(self, state, path):
+        return {"saved_at": state.step}
+
+    @hookimpl
+    def gyremedia_on_load_checkpoint(self, state, path, plugin_state):
+        self.saved_state = plugin_state
+
+    @hookimpl
+    def gyremedia_on_exception(self, state, exc):
+        self.calls.append(f"exception:{type(exc).__name__}")
+
+    @hookimpl
+    def gyremedia_on_train_end(self, state):
+        self.calls.append("train_end")
+
+
+@dataclass
+class ShapingOptions:
+    bonus: float = 0.0
+    nan_at_step: int = -1
+
+
+class ShapedReward:
+    """A selected component that implements the data-changing hooks itself."""
+
+    kinds = {"image"}
+
+    def __init__(self, options, context):
+        self.options = options
+        self.seen: list[str] = []
+
+    def __call__(self, media, prompts):
+        return media.data.mean(dim=(1, 2, 3))
+
+    @hookimpl
+    def gyremedia_after_rollout(self, state, rollout):
+        self.seen.append(f"after_rollout:{len(rollout)}")
+
+    @hookimpl
+    def gyremedia_process_rewards(self, state, rollout, rewards):
+        rewards["shaped"] = rewards["shaped"] + self.options.bonus
+        if state.step == self.options.nan_at_step:
+            rewards["shaped"][1] = float("nan")
+        self.seen.append("process_rewards")
+
+
+class ShapedRewardPlugin:
+    @staticmethod
+    @hookimpl
+    def gyremedia_register_rewards(register):
+        register("shaped", ShapedReward, options=ShapingOptions, kinds={"image"})
+
+
+def test_lifecycle_hooks_are_called_in_order(make_config, tmp_path):
+    recorder = Recorder()
+    pm = PluginManager(extra_plugins=[recorder, ShapedRewardPlugin])
+    config = make_config("rewards.0.name=shaped", "rewards.0.bonus=1.0", plugins=pm)
+    state = Trainer(config, pm).train()
+    assert recorder.calls == ["configure", "eval:0:image:3", "step_end:1", "eval:2:image:3", "step_end:2", "train_end"]
+    assert abs(state.last_metrics["recorder/advantage_mean"]) < 1e-5
+    assert state.rewards["shaped"].seen == ["after_rollout:8", "process_rewards"] * 2
+    assert train_steps(tmp_path / "run")[0]["reward/shaped"] > 1.0  # the bonus reached the rewards
+
+    resumed = Recorder()
+    pm = PluginManager(extra_plugins=[resumed, ShapedRewardPlugin])
+    Trainer(make_config("rewards.0.name=shaped", "train.steps=3", plugins=pm), pm, resume=True).train()
+    assert resumed.saved_state["Recorder"] == {"saved_at": 2}
+
+
+def test_non_finite_reward_fails_naming_reward_step_and_prompt(make_config):
+    recorder = Recorder()
+    pm = PluginManager(extra_plugins=[recorder, ShapedRewardPlugin])
+    trainer = Trainer(make_config("rewards.0.name=shaped", "rewards.0.nan_at_step=1", plugins=pm), pm)
+    with pytest.raises(RewardError) as info:
+        trainer.train()
+    message = str(info.value)
+    assert "'shaped'" in message and "step 1" in message and "nan" in message
+    assert repr(trainer.collect_rollout(1).prompts[1]) in message
+    assert recorder.calls[-1] == "exception:RewardError"
+
+
+def test_reward_of_the_wrong_media_kind_is_refused(make_config):
+    class AudioOnly:
+        @staticmethod
+        @hookimpl
+        def gyremedia_register_rewards(register):
+            register("loudness", lambda context: type("R", (), {"kinds": {"audio"}})())
+
+    pm = PluginManager(extra_plugins=[AudioOnly])
+    with pytest.raises(Exception, match="scores \\['audio'\\] but backbone 'flow_matching' produces 'image'"):
+        Trainer(make_config("rewards.0.name=loudness", plugins=pm), pm).setup()
+
+
+def test_kl_to_reference_runs_with_lora_and_full(make_config):
+    for lora in (False, True):
+        config = make_config(f"backbone.lora.enabled={lora}", "objective.kl_beta=0.1", "train.steps=1",
+                             f"run.output_dir={make_config().core.run.output_dir}-{lora}")
+        state = Trainer(config, PluginManager()).train()
+        assert state.last_metrics["kl"] == 0.0  # on the first update the policy equals the reference
+        assert torch.isfinite(torch.tensor(state.last_metrics["loss"]))
+
+
+@dataclass
+class PenaltyOptions:
+    scale: float = 1.0
+
+
+class VelocityPenalty:
+    """A regularizer: the mean squared model output of the trained transition."""
+
+    def __init__(self, options, context):
+        self.scale = options.scale
+
+    def __call__(self, *, state, rollout, outputs):
+        return {"velocity_sq": self.scale * outputs["model_output"].float().pow(2).mean()}
+
+
+class PenaltyPlugin:
+    @staticmethod
+    @hookimpl
+    def gyremedia_register_regularizers(register):
+        register("velocity_penalty", VelocityPenalty, options=PenaltyOptions)
+
+
+def test_selected_regularizer_adds_its_weighted_terms_to_the_loss(make_config):
+    pm = PluginManager(extra_plugins=[PenaltyPlugin])
+    config = make_config("train.steps=1", "regularizers=[{name: velocity_penalty, weight: 0.5, scale: 2.0}]", plugins=pm)
+    metrics = Trainer(config, pm).train().last_metrics
+    penalty = metrics["velocity_penalty/velocity_sq"]
+    assert penalty > 0
+    assert metrics["loss"] == pytest.approx(metrics["policy_loss"] + 0.5 * penalty, rel=1e-5)
