@@ -1,4 +1,4 @@
-"""``gyremedia train | config | plugins``: every run is a yaml plus ``key=value`` overrides."""
+"""``gyremedia train | eval | export | config | plugins``: every run is a yaml plus ``key=value`` overrides."""
 
 from __future__ import annotations
 
@@ -39,18 +39,17 @@ def _split_args(values: list[str]) -> tuple[str | None, list[str]]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from gyremedia.trainer import RESOLVED_CONFIG, RewardError, Trainer
+    from gyremedia.runs import run_config
+    from gyremedia.trainer import RewardError, Trainer
 
     pm = PluginManager()
     config_path, overrides = _split_args(args.args)
     if args.resume:
         if config_path is not None:
             raise ConfigError("with --resume the config is the run's own; pass only key=value overrides")
-        config_path = str(Path(args.resume) / RESOLVED_CONFIG)
-        if not Path(config_path).is_file():
-            raise ConfigError(f"--resume {args.resume}: no {RESOLVED_CONFIG} there; is it a run folder?")
-        overrides = [f"run.output_dir={args.resume}", *overrides]
-    config = _resolve(config_path, overrides, pm)
+        config = run_config(Path(args.resume), overrides, pm)
+    else:
+        config = _resolve(config_path, overrides, pm)
     try:
         state = Trainer(config, pm, resume=bool(args.resume)).train()
     except RewardError as exc:
@@ -58,6 +57,60 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 1
     if state.accelerator.is_main_process:
         print(f"run folder: {state.run_dir}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Held-out score of the base model and of the trained one: same prompts, same seeds."""
+    from gyremedia import evaluation, runs
+
+    pm = PluginManager()
+    config = runs.run_config(Path(args.run_dir), args.overrides, pm)
+    backbone = runs.build_backbone(config, pm)
+    sampler, rewards = runs.build_scoring(config, pm)
+    key = evaluation.accuracy_key(config)
+    results = {}
+    for label in ("base", "trained"):
+        if label == "trained":
+            checkpoint = runs.load_trained_weights(backbone, Path(args.run_dir))
+        result = evaluation.evaluate(config, backbone, sampler, rewards)
+        if key not in result.scores:
+            raise ConfigError(f"eval.metric={key!r} is not among the scores: {', '.join(sorted(result.scores))}")
+        results[label] = result
+    prefix = key.split("/")[0] + "/"
+    report = {
+        label: {"accuracy": evaluation.nanmean(r.scores[key]),
+                **{k[len(prefix):]: evaluation.nanmean(v) for k, v in r.scores.items() if k.startswith(prefix) and k != key}}
+        for label, r in results.items()
+    }
+    report["gain"] = evaluation.paired_gain(results["base"].scores[key], results["trained"].scores[key])
+    report["metric"] = key
+    report["samples"] = len(results["base"].prompts)
+    report["checkpoint"] = str(checkpoint)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    gain = report["gain"]
+    print(f"{key} on {report['samples']} fixed-seed samples of the eval prompts ({checkpoint})")
+    print(f"{'':<12}{'base':>10}{'trained':>10}")
+    for name in report["base"]:
+        print(f"{name:<12}{report['base'][name]:>10.3f}{report['trained'][name]:>10.3f}")
+    print(f"gain: {gain['points']:+.1f} points (95% CI {gain['ci95_low']:+.1f} to {gain['ci95_high']:+.1f}, paired)")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the trained generator where its library's stock loader reads it."""
+    from gyremedia import runs
+
+    pm = PluginManager()
+    config = runs.run_config(Path(args.run_dir), [], pm)
+    if args.lora_only and not config.backbone.options.lora.enabled:
+        raise ConfigError("--lora-only: this run trained the full model (backbone.lora.enabled=false)")
+    backbone = runs.build_backbone(config, pm)
+    checkpoint = runs.load_trained_weights(backbone, Path(args.run_dir))
+    backbone.save_pretrained(Path(args.out_dir), merge_lora=not args.lora_only)
+    print(f"exported {checkpoint} to {args.out_dir}")
     return 0
 
 
@@ -97,6 +150,17 @@ def build_parser() -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="validate a config and print it with every default filled in")
     config.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     config.set_defaults(func=cmd_config)
+    evaluate = commands.add_parser("eval", help="held-out score of the base and trained models, with a 95%% interval")
+    evaluate.add_argument("run_dir")
+    evaluate.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. eval.samples=512")
+    evaluate.add_argument("--json", action="store_true", help="print one JSON object: base, trained, gain")
+    evaluate.set_defaults(func=cmd_eval)
+    export = commands.add_parser("export", help="write the trained model as a diffusers pipeline folder")
+    export.add_argument("run_dir")
+    export.add_argument("out_dir")
+    export.add_argument("--lora-only", action="store_true",
+                        help="save only the LoRA adapters, for pipe.load_lora_weights (default: merged weights)")
+    export.set_defaults(func=cmd_export)
     plugins = commands.add_parser("plugins", help="list plugins, what they register and the hooks they implement")
     plugins.add_argument("--json", action="store_true", help="print one JSON object")
     plugins.set_defaults(func=cmd_plugins)
@@ -105,9 +169,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args, extra = parser.parse_known_args(argv)
     if args.command is None:  # `gyremedia` alone trains the quickstart, like `gyremedia train`
-        args = parser.parse_args(["train", *(argv or [])])
+        args, extra = parser.parse_known_args(["train", *argv])
+    # key=value overrides may follow options (`eval RUN --json eval.samples=512`): argparse leaves them over.
+    unknown = [a for a in extra if a.startswith("-") or "=" not in a]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    positional = "overrides" if hasattr(args, "overrides") else "args"
+    if extra:
+        setattr(args, positional, [*getattr(args, positional), *extra])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)

@@ -20,6 +20,18 @@ from omegaconf.errors import OmegaConfBaseException
 from gyremedia.plugins import PluginError, PluginManager
 
 
+def asset_path(relative: str) -> str:
+    """Absolute path of a file shipped in the repository's ``assets/`` folder (``gyremedia.assets``)."""
+    from importlib import resources
+
+    return str(resources.files("gyremedia.assets") / relative)
+
+
+if not OmegaConf.has_resolver("asset"):
+    # `${asset:shapes16/model}` in a yaml points into assets/, wherever gyremedia is installed.
+    OmegaConf.register_resolver("asset", asset_path)
+
+
 class ConfigError(ValueError):
     """The config is invalid; the message names each offending key and how to fix it."""
 
@@ -47,14 +59,6 @@ class RolloutSection:
 
 
 @dataclass
-class LoraSection:
-    enabled: bool = False
-    rank: int = 8
-    alpha: float = 16.0
-    target_modules: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
-
-
-@dataclass
 class TrainSection:
     steps: int = 100
     learning_rate: float = 1e-4
@@ -64,7 +68,6 @@ class TrainSection:
     max_grad_norm: float = 1.0
     warmup_steps: int = 0
     num_minibatches: int = 1  # optimizer steps per rollout; each one takes a slice of the samples
-    lora: LoraSection = field(default_factory=LoraSection)
 
 
 @dataclass
@@ -82,8 +85,18 @@ class CheckpointSection:
 @dataclass
 class EvalSection:
     every: int = 0  # steps between evaluations; 0 evaluates only before and after training
-    samples_per_prompt: int = 2
+    prompts_file: str | None = None  # held-out prompts (default: data.eval_prompts, else the train prompts)
+    samples: int = 256  # samples per evaluation, prompts cycled; the same seeds every time
     seed: int = 1234
+    num_steps: int | None = None  # denoising steps (default: rollout.num_steps)
+    metric: str | None = None  # "<reward>/<component>" reported as accuracy (default: the first reward's score)
+    grid_size: int = 16  # samples shown in the before/after grids
+
+
+@dataclass
+class ExportSection:
+    on_train_end: bool = True  # write RUN_DIR/pipeline, a folder the backbone library's stock loader reads
+    merge_lora: bool = True  # merge LoRA adapters into the weights (else save the adapters alone)
 
 
 @dataclass
@@ -103,6 +116,7 @@ class TrainConfig:
     advantage: AdvantageSection = field(default_factory=AdvantageSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    export: ExportSection = field(default_factory=ExportSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
 
 
@@ -114,7 +128,10 @@ COMPONENT_SECTIONS = {
     "rewards": ("reward", True),
     "regularizers": ("regularizer", True),
     "logging.loggers": ("logger", True),
+    "eval.sampler": ("sampler", False),
 }
+#: Component sections a config may leave out (``eval.sampler`` defaults to the run's sampler).
+OPTIONAL_SECTIONS = {"regularizers": [], "logging.loggers": [], "eval.sampler": None}
 #: Keys every list component accepts besides its own options.
 LIST_COMPONENT_KEYS = {"reward": ("weight",), "regularizer": ("weight",), "logger": ()}
 
@@ -149,6 +166,7 @@ class ResolvedConfig:
     rewards: list[Selected]
     regularizers: list[Selected]
     loggers: list[Selected]
+    eval_sampler: Selected | None = None
 
     def to_yaml(self) -> str:
         """The fully resolved config (every default filled in), as written into the run folder."""
@@ -158,6 +176,8 @@ class ResolvedConfig:
         data["rewards"] = [s.as_dict() for s in self.rewards]
         data["regularizers"] = [s.as_dict() for s in self.regularizers]
         data["logging"]["loggers"] = [s.as_dict() for s in self.loggers]
+        if self.eval_sampler is not None:
+            data["eval"]["sampler"] = self.eval_sampler.as_dict()
         return OmegaConf.to_yaml(data)
 
 
@@ -169,23 +189,37 @@ def _field_types(schema: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(schema)}
 
 
-def _unknown_key_errors(user: Any, schema: type, prefix: str, extra_keys: tuple[str, ...] = ()) -> list[str]:
-    """Errors for keys of ``user`` that ``schema`` lacks, with a did-you-mean, recursing into sections."""
+def _unknown_key_errors(user: Any, schema: type, prefix: str, allowed: frozenset[str] = frozenset()) -> list[str]:
+    """Errors for keys of ``user`` that ``schema`` lacks, with a did-you-mean, recursing into sections.
+
+    ``allowed`` holds dotted paths accepted besides the schema's fields (the component sections).
+    """
     if not isinstance(user, (dict, DictConfig)):
         return []
     types = _field_types(schema)
-    allowed = list(types) + list(extra_keys)
+    names = list(types) + [p[len(prefix):] for p in allowed if p.startswith(prefix) and "." not in p[len(prefix):]]
     errors = []
     for key in user:
         key = str(key)
         path = f"{prefix}{key}"
-        if key not in allowed:
-            hint = difflib.get_close_matches(key, allowed, n=1)
-            fix = f"did you mean '{prefix}{hint[0]}'?" if hint else f"allowed keys: {', '.join(allowed)}"
+        if key not in names:
+            hint = difflib.get_close_matches(key, names, n=1)
+            fix = f"did you mean '{prefix}{hint[0]}'?" if hint else f"allowed keys: {', '.join(names)}"
             errors.append(f"unknown key '{path}': {fix}")
-        elif key in types and dataclasses.is_dataclass(types[key]):
-            errors.extend(_unknown_key_errors(user[key], types[key], path + "."))
+        elif key in types and dataclasses.is_dataclass(types[key]) and path not in allowed:
+            errors.extend(_unknown_key_errors(user[key], types[key], path + ".", allowed))
     return errors
+
+
+def _without(cfg: DictConfig, paths: tuple[str, ...]) -> DictConfig:
+    """A copy of ``cfg`` without the given dotted paths."""
+    copy = OmegaConf.create(OmegaConf.to_container(cfg))
+    for path in paths:
+        parent, _, key = path.rpartition(".")
+        node = OmegaConf.select(copy, parent) if parent else copy
+        if isinstance(node, DictConfig) and key in node:
+            node.pop(key)
+    return copy
 
 
 def _merge(schema: type, user: Any, prefix: str) -> tuple[Any, list[str]]:
@@ -266,18 +300,20 @@ def resolve_config(cfg: DictConfig, pm: PluginManager) -> ResolvedConfig:
 
     Raises :class:`ConfigError` listing every problem found, each naming its key and fix.
     """
-    top_level = tuple(p for p in COMPONENT_SECTIONS if "." not in p)
-    errors = _unknown_key_errors(cfg, TrainConfig, "", extra_keys=top_level)
+    component_paths = frozenset(COMPONENT_SECTIONS)
+    errors = _unknown_key_errors(cfg, TrainConfig, "", component_paths)
     core = None
     if not errors:
-        core, errors = _merge(TrainConfig, OmegaConf.masked_copy(cfg, [k for k in cfg if k not in top_level]), "")
+        # logging.loggers is a field of the core schema (a list of anything); the others are not.
+        core_paths = tuple(p for p in COMPONENT_SECTIONS if p != "logging.loggers")
+        core, errors = _merge(TrainConfig, _without(cfg, core_paths), "")
 
     selected: dict[str, Any] = {}
     for path, (kind, is_list) in COMPONENT_SECTIONS.items():
         section = _section(cfg, path)
         if section is None or (isinstance(section, (list, ListConfig)) and not section and path == "rewards"):
-            if is_list and path != "rewards":
-                selected[path] = []
+            if path in OPTIONAL_SECTIONS:
+                selected[path] = OPTIONAL_SECTIONS[path]
                 continue
             what = "a list of" if is_list else "a"
             errors.append(f"missing value for '{path}': the config must select {what} {kind} (see `gyremedia plugins`)")
@@ -309,6 +345,7 @@ def resolve_config(cfg: DictConfig, pm: PluginManager) -> ResolvedConfig:
         rewards=selected["rewards"],
         regularizers=selected["regularizers"],
         loggers=selected["logging.loggers"],
+        eval_sampler=selected["eval.sampler"],
     )
 
 
@@ -332,8 +369,11 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any]) -> list[str]:
         errors.append("train.num_minibatches must be >= 1")
     if not core.data.prompts and not core.data.prompts_file:
         errors.append("no prompts: set data.prompts (a list) or data.prompts_file")
-    if core.data.prompts_file and not Path(core.data.prompts_file).is_file():
-        errors.append(f"data.prompts_file={core.data.prompts_file!r} does not exist")
+    for key, path in (("data.prompts_file", core.data.prompts_file), ("eval.prompts_file", core.eval.prompts_file)):
+        if path and not Path(path).is_file():
+            errors.append(f"{key}={path!r} does not exist")
+    if core.eval.metric is not None and "/" not in core.eval.metric:
+        errors.append(f"eval.metric={core.eval.metric!r}: expected '<reward>/<component>', e.g. 'shapes_verifier/correct'")
     objective, sampler = selected.get("objective"), selected.get("sampler")
     if objective is not None and sampler is not None:
         if objective.meta.get("requires_log_prob") and not sampler.meta.get("has_log_prob"):

@@ -18,9 +18,10 @@ def gather_by_sample(accelerator, sample_ids: torch.Tensor, *tensors: torch.Tens
     return (*gathered, ids[order])
 
 
-def global_mean(accelerator, values: torch.Tensor) -> float:
-    """Mean of a batch-indexed tensor over every rank's samples."""
-    return accelerator.gather(values.detach().float().to(accelerator.device)).mean().item()
+def global_mean(accelerator, values: torch.Tensor, ignore_nan: bool = False) -> float:
+    """Mean of a batch-indexed tensor over every rank's samples (optionally of its non-NaN entries)."""
+    gathered = accelerator.gather(values.detach().float().to(accelerator.device))
+    return (gathered.nanmean() if ignore_nan else gathered.mean()).item()
 
 
 def mean_over_ranks(accelerator, value: torch.Tensor | float) -> float:

@@ -68,6 +68,9 @@ class Backbone(Protocol):
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore what :meth:`trainable_state_dict` returned."""
 
+    def save_pretrained(self, out_dir: Path, *, merge_lora: bool = True) -> None:
+        """Write the generator as a folder its library's stock loader reads (adapters merged, or alone)."""
+
 
 @dataclass
 class Transition:

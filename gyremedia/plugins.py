@@ -163,7 +163,11 @@ class PluginManager:
         """Register a run's selected component object so its lifecycle hooks are called."""
         if any(self.pm.parse_hookimpl_opts(component, attr) for attr in dir(component)
                if attr.startswith("gyremedia_")):
-            self.pm.register(component, name=name)
+            unique, copies = name, 1
+            while self.pm.has_plugin(unique):  # e.g. the same sampler selected for training and eval
+                copies += 1
+                unique = f"{name}#{copies}"
+            self.pm.register(component, name=unique)
 
     def _collect_registrations(self) -> Registry:
         registry = Registry()
@@ -182,6 +186,12 @@ class PluginManager:
 
     def component(self, kind: str, name: str) -> Component:
         return self.registry.get(kind, name, self.failed)
+
+    def build(self, selected: Any, context: Any) -> Any:
+        """Build a config-selected component and register it so its lifecycle hooks are called."""
+        component = self.component(selected.kind, selected.name).build(selected.options, context)
+        self.register_component(component, name=f"{selected.kind}:{selected.name}")
+        return component
 
     def describe(self) -> list[dict[str, Any]]:
         """One entry per plugin: its package, what it registers and the lifecycle hooks it implements."""

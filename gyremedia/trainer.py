@@ -18,18 +18,21 @@ import torch
 from tqdm.auto import tqdm
 
 from gyremedia import checkpoint as ckpt
+from gyremedia import evaluation
 from gyremedia.advantages import distributed_group_advantages
-from gyremedia.config import ConfigError, ResolvedConfig, Selected
+from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
 from gyremedia.distributed import gather_by_sample, global_mean, mean_over_ranks
 from gyremedia.interfaces import BuildContext, ObjectiveContext
 from gyremedia.plugins import PluginManager, call_each
-from gyremedia.rollout import Media, Rollout
+from gyremedia.media_io import plot_metrics
+from gyremedia.rollout import Rollout
+from gyremedia.runs import EXPORT_DIR, RESOLVED_CONFIG
 from gyremedia.sampling import INITIAL_NOISE, STEP_NOISE, sample_generators, sample_trajectories
 
 logger = logging.getLogger("gyremedia")
 
-RESOLVED_CONFIG = "config.yaml"
+
 
 
 class RewardError(RuntimeError):
@@ -109,11 +112,6 @@ class Trainer:
             )
         return None
 
-    def _build(self, selected: Selected, context: BuildContext) -> Any:
-        component = self.state.plugins.component(selected.kind, selected.name).build(selected.options, context)
-        self.state.plugins.register_component(component, name=f"{selected.kind}:{selected.name}")
-        return component
-
     def setup(self) -> TrainState:
         """Write the resolved config, build components, prepare with accelerate, maybe resume."""
         from accelerate.utils import set_seed
@@ -128,10 +126,12 @@ class Trainer:
 
         context = BuildContext(device=acc.device, run_dir=self.run_dir, accelerator=acc,
                                seed=self.core.run.seed, is_main_process=acc.is_main_process)
-        state.backbone = self._build(self.config.backbone, context)
-        state.sampler = self._build(self.config.sampler, context)
-        state.objective = self._build(self.config.objective, context)
-        state.rewards = {s.name: self._build(s, context) for s in self.config.rewards}
+        state.backbone = state.plugins.build(self.config.backbone, context)
+        state.sampler = state.plugins.build(self.config.sampler, context)
+        self.eval_sampler = (state.plugins.build(self.config.eval_sampler, context)
+                             if self.config.eval_sampler is not None else state.sampler)
+        state.objective = state.plugins.build(self.config.objective, context)
+        state.rewards = {s.name: state.plugins.build(s, context) for s in self.config.rewards}
         for name, reward in state.rewards.items():
             kinds = set(getattr(reward, "kinds", ()))
             if state.backbone.media_kind not in kinds:
@@ -139,8 +139,8 @@ class Trainer:
                     f"reward {name!r} scores {sorted(kinds)} but backbone {self.config.backbone.name!r} "
                     f"produces {state.backbone.media_kind!r} media"
                 )
-        state.regularizers = {s.name: self._build(s, context) for s in self.config.regularizers}
-        state.loggers = [self._build(s, context) for s in self.config.loggers] if acc.is_main_process else []
+        state.regularizers = {s.name: state.plugins.build(s, context) for s in self.config.regularizers}
+        state.loggers = [state.plugins.build(s, context) for s in self.config.loggers] if acc.is_main_process else []
         components = [state.objective, *state.regularizers.values()]
         if any(getattr(c, "needs_reference", False) for c in components):
             state.backbone.enable_reference()
@@ -226,7 +226,7 @@ class Trainer:
         weights = {s.name: s.weight for s in self.config.rewards}
         rollout.reward = sum(weights[name] * value.float() for name, value in rollout.rewards.items())
         metrics = {f"reward/{name}": global_mean(self.accelerator, v) for name, v in rollout.rewards.items()}
-        metrics.update({k: global_mean(self.accelerator, v) for k, v in components.items()})
+        metrics.update({k: global_mean(self.accelerator, v, ignore_nan=True) for k, v in components.items()})
         return metrics
 
     @staticmethod
@@ -246,7 +246,8 @@ class Trainer:
             value = torch.as_tensor(value, dtype=torch.float32).to(self.accelerator.device)
             if value.shape != (len(rollout),):
                 raise self._reward_error(name, step, rollout, f"'{key}' has shape {tuple(value.shape)}, expected ({len(rollout)},)")
-            self._check_finite(name, step, rollout, value, f"'{key}'")
+            # Only the score must be a number; a NaN component means "does not apply to this sample".
+            self._check_finite(name, step, rollout, value if key == "score" else value.nan_to_num(nan=0.0), f"'{key}'")
             scores[key] = value
         return scores
 
@@ -321,41 +322,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
 
-    @torch.no_grad()
     def evaluate(self, step: int) -> dict[str, float]:
-        """Score fixed-seed samples of the eval prompts (main process); saves a sample grid."""
-        state, ev = self.state, self.core.eval
-        prompts_list = self.core.data.eval_prompts or self.prompts.prompts[:4]
-        prompts = [p for p in prompts_list for _ in range(ev.samples_per_prompt)]
+        """Score the fixed-seed eval samples (main process) and save a captioned grid of them."""
+        state = self.state
         metrics: dict[str, float] = {}
         if self.accelerator.is_main_process:
-            ids = list(range(len(prompts)))
-            state.backbone.trainable_module().eval()
-            conditions = state.backbone.encode(prompts)
-            states, _, _ = sample_trajectories(
-                state.backbone, state.sampler, conditions,
-                initial_generators=sample_generators(ev.seed, 0, INITIAL_NOISE, ids),
-                step_generators=sample_generators(ev.seed, 0, STEP_NOISE, ids),
-                num_steps=self.core.rollout.num_steps, guidance_scale=self.core.rollout.guidance_scale,
-            )
-            media = state.backbone.decode(states[:, -1])
-            for name, reward in state.rewards.items():
-                output = reward(media, prompts)
-                score = output if isinstance(output, torch.Tensor) else output["score"]
-                metrics[f"eval/reward/{name}"] = float(torch.as_tensor(score, dtype=torch.float32).mean())
-            self._save_grid(media, step)
-            state.plugins.hook.gyremedia_on_eval(state=state, media=media, metrics=metrics)
+            result = evaluation.evaluate(self.config, state.backbone, self.eval_sampler, state.rewards)
+            metrics = result.means()
+            name = "before" if step == 0 else "after" if step == self.core.train.steps else f"step-{step:06d}"
+            evaluation.save_grid(result.media, result.prompts, self.run_dir / "samples" / f"{name}.png",
+                                 self.core.eval.grid_size)
+            state.plugins.hook.gyremedia_on_eval(state=state, media=result.media, metrics=metrics)
         self.accelerator.wait_for_everyone()
         return metrics
-
-    def _save_grid(self, media: Media, step: int) -> None:
-        if media.kind != "image":
-            return
-        from torchvision.utils import save_image
-
-        folder = self.run_dir / "samples"
-        folder.mkdir(exist_ok=True)
-        save_image(media.data, folder / f"step-{step:06d}.png", nrow=self.core.eval.samples_per_prompt)
 
     # ------------------------------------------------------------------ loop
 
@@ -372,6 +351,17 @@ class Trainer:
             optimizer=state.optimizer, scheduler=state.lr_scheduler, plugin_state=plugin_state,
             keep_last=self.core.checkpoint.keep_last,
         )
+
+    def finish(self) -> None:
+        """Main process: plot the metrics and export the trained generator into the run folder."""
+        if not self.accelerator.is_main_process:
+            return
+        metrics_file = self.run_dir / "metrics.jsonl"
+        if metrics_file.is_file():
+            plot_metrics(metrics_file, self.run_dir / "reward_curve.png")
+        if self.core.export.on_train_end:
+            self.state.backbone.save_pretrained(self.run_dir / EXPORT_DIR, merge_lora=self.core.export.merge_lora)
+            logger.info("exported the trained pipeline to %s", self.run_dir / EXPORT_DIR)
 
     def train(self) -> TrainState:
         """Run from the current step to ``train.steps``; returns the final state."""
@@ -398,6 +388,7 @@ class Trainer:
                 progress.set_postfix(reward=f"{metrics['reward']:.4f}", loss=f"{metrics['loss']:.4g}")
                 if state.step % self.core.checkpoint.every == 0 or state.step == total:
                     self.save()
+            self.finish()
             state.plugins.hook.gyremedia_on_train_end(state=state)
         except BaseException as exc:
             state.plugins.hook.gyremedia_on_exception(state=state, exc=exc)

@@ -23,7 +23,8 @@ data: {prompts: [a red circle, a blue square, two green triangles]}
 rollout: {batch_size: 8, group_size: 4, num_steps: 3}
 train: {steps: 2, learning_rate: 0.001}
 checkpoint: {every: 1}
-eval: {samples_per_prompt: 1}
+eval: {samples: 6, grid_size: 6}
+export: {on_train_end: false}
 logging: {loggers: [jsonl], progress: false}
 """
 

@@ -24,6 +24,10 @@ BAD_CONFIGS = [
     (["rollout.batch_size=10"], ["rollout.batch_size=10 is not divisible by rollout.group_size=4", "rollout.batch_size=8 or 12"]),
     (["rollout.group_size=1", "rollout.batch_size=4"], ["rollout.group_size=1", "rollout.group_size>=2"]),
     (["run.seed=???"], ["missing value for 'run.seed'"]),
+    (["sampler.name=ode"], ["objective 'grpo' needs per-transition log-probs", "sampler 'ode' is deterministic"]),
+    (["eval.sampler={name: odee}"], ["'eval.sampler.name'", "unknown sampler 'odee'", "Did you mean 'ode'"]),
+    (["eval.metric=correct"], ["eval.metric='correct'", "'<reward>/<component>'"]),
+    (["eval.samplez=3"], ["unknown key 'eval.samplez'", "did you mean 'eval.samples'"]),
 ]
 
 
@@ -54,10 +58,20 @@ def test_every_error_is_reported_at_once(make_config):
 
 
 def test_resolved_config_fills_plugin_defaults(make_config):
-    config = make_config("sampler.noise_level=0.5")
+    config = make_config("sampler.noise_level=0.5", "eval.sampler=ode")
     assert config.sampler.options.noise_level == 0.5
+    assert config.eval_sampler.name == "ode"
     text = config.to_yaml()
     assert "noise_level: 0.5" in text and "adv_clip_max: 5.0" in text and "quality: 95" in text
+    assert "sampler:\n    name: ode" in text
+
+
+def test_asset_paths_resolve_into_the_assets_folder(make_config):
+    from gyremedia.config import asset_path
+
+    config = make_config("data.prompts_file=${asset:shapes16/train_prompts.txt}")
+    assert config.core.data.prompts_file == asset_path("shapes16/train_prompts.txt")
+    assert config.core.data.prompts_file.endswith("assets/shapes16/train_prompts.txt")
 
 
 class FourProcesses:

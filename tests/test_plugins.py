@@ -88,7 +88,7 @@ def test_third_party_plugin_registers_like_first_party(tmp_path, monkeypatch):
 def test_allow_list_restricts_which_plugins_load(monkeypatch):
     monkeypatch.setenv(ALLOW_LIST_ENV, "samplers,grpo")
     pm = PluginManager()
-    assert pm.registry.names("sampler") == ["flow_sde"]
+    assert pm.registry.names("sampler") == ["flow_sde", "ode"]
     assert pm.registry.names("objective") == ["grpo"]
     assert pm.registry.names("reward") == []
 

@@ -42,9 +42,10 @@ def test_run_folder_holds_config_metrics_samples_and_checkpoints(make_config, tm
     assert [c.name for c in list_checkpoints(run)] == ["step-000002"]
     files = {p.name for p in latest_checkpoint(run).iterdir()}
     assert {"trainable.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_rank0.pt"} <= files
-    assert (run / "samples" / "step-000000.png").is_file() and (run / "samples" / "step-000002.png").is_file()
+    assert (run / "samples" / "before.png").is_file() and (run / "samples" / "after.png").is_file()
+    assert (run / "reward_curve.png").is_file()
     metrics = read_metrics(run)
-    assert metrics[0]["step"] == 0 and "eval/reward/jpeg_compressibility" in metrics[0]
+    assert metrics[0]["step"] == 0 and {"eval/jpeg_compressibility", "eval/jpeg_compressibility/size_kb"} <= set(metrics[0])
     assert {"reward", "reward_std", "loss", "policy_loss", "lr", "time/rollout"} <= set(metrics[1])
 
 
@@ -152,7 +153,7 @@ def test_lifecycle_hooks_are_called_in_order(make_config, tmp_path):
     pm = PluginManager(extra_plugins=[recorder, ShapedRewardPlugin])
     config = make_config("rewards.0.name=shaped", "rewards.0.bonus=1.0", plugins=pm)
     state = Trainer(config, pm).train()
-    assert recorder.calls == ["configure", "eval:0:image:3", "step_end:1", "eval:2:image:3", "step_end:2", "train_end"]
+    assert recorder.calls == ["configure", "eval:0:image:6", "step_end:1", "eval:2:image:6", "step_end:2", "train_end"]
     assert abs(state.last_metrics["recorder/advantage_mean"]) < 1e-5
     assert state.rewards["shaped"].seen == ["after_rollout:8", "process_rewards"] * 2
     assert train_steps(tmp_path / "run")[0]["reward/shaped"] > 1.0  # the bonus reached the rewards

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -52,7 +53,10 @@ class FlowMatchingBackbone:
         self.device = context.device
         dtype = DTYPES[options.dtype]
         if options.pretrained:
-            self.pipeline = StableDiffusion3Pipeline.from_pretrained(options.pretrained, torch_dtype=dtype)
+            # A pipeline saved without T5 lists it as null, which diffusers loads only when told so.
+            index = StableDiffusion3Pipeline.load_config(options.pretrained)
+            absent = {name: None for name in ("text_encoder_3", "tokenizer_3") if index.get(name, [None])[0] is None}
+            self.pipeline = StableDiffusion3Pipeline.from_pretrained(options.pretrained, torch_dtype=dtype, **absent)
         else:
             self.pipeline = build_tiny_sd3_pipeline(options.tiny)
             if dtype != torch.float32:
@@ -194,6 +198,56 @@ class FlowMatchingBackbone:
         latents = final.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
         images = vae.decode(latents, return_dict=False)[0]
         return Media("image", (images.float() / 2 + 0.5).clamp(0, 1))
+
+
+    def save_pretrained(self, out_dir: Path, *, merge_lora: bool = True) -> None:
+        """Write a ``StableDiffusion3Pipeline`` folder that diffusers loads without gyremedia.
+
+        Under LoRA, ``merge_lora`` folds the adapters into a copy of the weights; otherwise only the
+        adapters are written, in the format ``pipe.load_lora_weights(out_dir)`` reads.
+        """
+        from diffusers import StableDiffusion3Pipeline
+
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "README.md").write_text(self._usage(out_dir, adapters_only=self.options.lora.enabled and not merge_lora))
+        if not self.options.lora.enabled:
+            self.pipeline.save_pretrained(out_dir)
+            return
+        if not merge_lora:
+            from peft import get_peft_model_state_dict
+
+            config = self.transformer.peft_config["default"]
+            StableDiffusion3Pipeline.save_lora_weights(
+                out_dir, transformer_lora_layers=get_peft_model_state_dict(self.transformer),
+                transformer_lora_adapter_metadata=config.to_dict())
+            return
+        merged = copy.deepcopy(self.transformer)
+        merged.fuse_lora()
+        merged.unload_lora()  # drops the adapter layers, keeping the fused weights
+        components = {**self.pipeline.components, "transformer": merged}
+        StableDiffusion3Pipeline(**components).save_pretrained(out_dir)
+
+
+    def _usage(self, out_dir: Path, adapters_only: bool) -> str:
+        """How to load what :meth:`save_pretrained` wrote, with plain diffusers."""
+        no_t5 = self.pipeline.text_encoder_3 is None
+        base = self.options.pretrained or "BASE_PIPELINE_FOLDER"
+        load = f'StableDiffusion3Pipeline.from_pretrained("{base if adapters_only else out_dir}"'
+        load += ", text_encoder_3=None, tokenizer_3=None)" if no_t5 else ")"
+        lines = ["# Trained with gyremedia", "", "```python", "from diffusers import StableDiffusion3Pipeline", "",
+                 f"pipe = {load}"]
+        if adapters_only:
+            lines.append(f'pipe.load_lora_weights("{out_dir}")')
+        call = 'image = pipe("a prompt"'
+        call += f", max_sequence_length={self.options.max_sequence_length})" if no_t5 else ")"
+        lines += [call + ".images[0]", "```", ""]
+        if no_t5:
+            lines += ["This pipeline has no T5 encoder (diffusers' supported SD3 variant without it), so it is loaded",
+                      "with `text_encoder_3=None, tokenizer_3=None`, and was trained with "
+                      f"`max_sequence_length={self.options.max_sequence_length}`", "zero tokens standing in for T5: "
+                      "pass the same value when generating.", ""]
+        return "\n".join(lines)
 
 
 @hookimpl

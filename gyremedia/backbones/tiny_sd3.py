@@ -46,23 +46,45 @@ def _byte_alphabet() -> list[str]:
     return [chr(c) for c in codes]
 
 
+def _learn_merges(words: list[str]) -> list[tuple[str, str]]:
+    """BPE merges learned on ``words`` until each is a single token.
+
+    Learned as BPE training does (most frequent pair first, every word at once), so encoding
+    replays the same merges and each listed word always becomes exactly one token.
+    """
+    segmented = [list(word[:-1]) + [word[-1] + "</w>"] for word in words]
+    merges: list[tuple[str, str]] = []
+    while True:
+        counts: dict[tuple[str, str], int] = {}
+        for pieces in segmented:
+            for pair in zip(pieces, pieces[1:]):
+                counts[pair] = counts.get(pair, 0) + 1
+        if not counts:
+            return merges
+        best = min(counts, key=lambda pair: (-counts[pair], pair))
+        merges.append(best)
+        for i, pieces in enumerate(segmented):
+            merged, j = [], 0
+            while j < len(pieces):
+                if j + 1 < len(pieces) and (pieces[j], pieces[j + 1]) == best:
+                    merged.append(pieces[j] + pieces[j + 1])
+                    j += 2
+                else:
+                    merged.append(pieces[j])
+                    j += 1
+            segmented[i] = merged
+
+
 def build_clip_tokenizer(words: list[str], max_length: int):
-    """A CLIP tokenizer over bytes plus one merged token per listed word (no download needed)."""
+    """A CLIP tokenizer over bytes plus one token per listed word (no download needed)."""
     from transformers import CLIPTokenizer
 
     alphabet = _byte_alphabet()
     vocab = {c: i for i, c in enumerate(alphabet)}
     vocab.update({c + "</w>": len(alphabet) + i for i, c in enumerate(alphabet)})
-    merges: list[tuple[str, str]] = []
-    for word in dict.fromkeys(w.lower() for w in words):
-        pieces = list(word)
-        pieces[-1] += "</w>"
-        current = pieces[0]
-        for piece in pieces[1:]:
-            if (current, piece) not in merges:
-                merges.append((current, piece))
-            current += piece
-            vocab.setdefault(current, len(vocab))
+    merges = _learn_merges(sorted({w.lower() for w in words}))
+    for left, right in merges:
+        vocab.setdefault(left + right, len(vocab))
     vocab["<|startoftext|>"] = len(vocab)
     vocab["<|endoftext|>"] = len(vocab)
     return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)

@@ -2,9 +2,12 @@
 
 from gyremedia import hookimpl
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
+from gyremedia_samplers.ode import EulerODESampler
 
 
 @hookimpl
 def gyremedia_register_samplers(register):
     register("flow_sde", FlowSDESampler, options=FlowSDEOptions, has_log_prob=True,
              description="Flow-GRPO's SDE step with the flow ODE's marginals; Gaussian log-prob per step")
+    register("ode", EulerODESampler, has_log_prob=False,
+             description="deterministic Euler step of the flow ODE (evaluation, forward-process objectives)")

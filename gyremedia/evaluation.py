@@ -1,0 +1,106 @@
+"""Fixed-seed evaluation: the same prompts and noise every time, so two models compare sample by sample."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gyremedia.config import ResolvedConfig
+from gyremedia.data import PromptSource
+from gyremedia.rollout import Media
+from gyremedia.sampling import INITIAL_NOISE, STEP_NOISE, sample_generators, sample_trajectories
+
+
+def eval_prompts(config: ResolvedConfig) -> list[str]:
+    """``eval.prompts_file``, else ``data.eval_prompts``, else the training prompts."""
+    core = config.core
+    if core.eval.prompts_file:
+        return PromptSource([], core.eval.prompts_file).prompts
+    if core.data.eval_prompts:
+        return list(core.data.eval_prompts)
+    return PromptSource(core.data.prompts, core.data.prompts_file).prompts
+
+
+@dataclass
+class EvalResult:
+    """Per-sample scores of one evaluation: ``scores[key]`` is a ``[N]`` tensor (NaN: not applicable)."""
+
+    prompts: list[str]
+    media: Media
+    scores: dict[str, torch.Tensor]
+
+    def means(self, prefix: str = "eval/") -> dict[str, float]:
+        return {f"{prefix}{k}": nanmean(v) for k, v in self.scores.items()}
+
+
+def nanmean(values: torch.Tensor) -> float:
+    values = values[~torch.isnan(values)]
+    return float(values.mean()) if len(values) else math.nan
+
+
+@torch.no_grad()
+def generate(backbone: Any, sampler: Any, prompts: list[str], *, seed: int, num_steps: int,
+             guidance_scale: float, batch_size: int = 64) -> Media:
+    """Sample one output per prompt; sample ``i`` always uses the noise of ``(seed, i)``."""
+    parts = []
+    for begin in range(0, len(prompts), batch_size):
+        chunk = prompts[begin:begin + batch_size]
+        ids = list(range(begin, begin + len(chunk)))
+        states, _, _ = sample_trajectories(
+            backbone, sampler, backbone.encode(chunk),
+            initial_generators=sample_generators(seed, 0, INITIAL_NOISE, ids),
+            step_generators=sample_generators(seed, 0, STEP_NOISE, ids),
+            num_steps=num_steps, guidance_scale=guidance_scale,
+        )
+        parts.append(backbone.decode(states[:, -1]))
+    return Media(parts[0].kind, torch.cat([p.data for p in parts]), parts[0].meta)
+
+
+def score(rewards: dict[str, Any], media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
+    """``{reward: score, reward/component: values}`` for every sample."""
+    scores = {}
+    for name, reward in rewards.items():
+        output = reward(media, prompts)
+        output = {"score": output} if isinstance(output, torch.Tensor) else output
+        for key, value in output.items():
+            value = torch.as_tensor(value, dtype=torch.float32).cpu()
+            scores[name if key == "score" else f"{name}/{key}"] = value
+    return scores
+
+
+def evaluate(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any]) -> EvalResult:
+    """Score ``eval.samples`` fixed-seed samples of the eval prompts (cycled)."""
+    ev, rollout = config.core.eval, config.core.rollout
+    prompts = eval_prompts(config)
+    prompts = [prompts[i % len(prompts)] for i in range(ev.samples)]
+    backbone.trainable_module().eval()
+    media = generate(backbone, sampler, prompts, seed=ev.seed, num_steps=ev.num_steps or rollout.num_steps,
+                     guidance_scale=rollout.guidance_scale)
+    return EvalResult(prompts, media, score(rewards, media, prompts))
+
+
+def accuracy_key(config: ResolvedConfig) -> str:
+    """The score reported as accuracy: ``eval.metric``, else the first reward's score."""
+    return config.core.eval.metric or config.rewards[0].name
+
+
+def paired_gain(base: torch.Tensor, trained: torch.Tensor) -> dict[str, float]:
+    """Mean of ``trained - base`` over paired samples (same prompt and noise) with a normal 95% interval."""
+    diff = (trained - base).double()
+    diff = diff[~torch.isnan(diff)]
+    mean = float(diff.mean())
+    half = 1.96 * float(diff.std(unbiased=True)) / math.sqrt(len(diff)) if len(diff) > 1 else math.inf
+    return {"points": 100 * mean, "ci95_low": 100 * (mean - half), "ci95_high": 100 * (mean + half), "samples": len(diff)}
+
+
+def save_grid(media: Media, prompts: list[str], path: Path, count: int) -> None:
+    """A captioned grid of the first ``count`` images (other media kinds are skipped)."""
+    if media.kind != "image":
+        return
+    from gyremedia.media_io import save_image_grid
+
+    save_image_grid(media.data[:count], prompts[:count], path)

@@ -1,0 +1,63 @@
+"""Writing media for people to look at: captioned image grids and metric curves."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+
+def save_image_grid(images: torch.Tensor, captions: list[str], path: Path, *, columns: int = 8,
+                    cell: int = 96, caption_lines: int = 3) -> None:
+    """Save ``[N, 3, H, W]`` images in [0, 1] as a grid, each upscaled (nearest) with its caption below."""
+    font = ImageFont.load_default()
+    line_height = 11
+    rows = math.ceil(len(images) / columns)
+    width, height = columns * cell, rows * (cell + caption_lines * line_height + 4)
+    canvas = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(canvas)
+    pixels = (images.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    for i, (image, caption) in enumerate(zip(pixels, captions)):
+        x, y = (i % columns) * cell, (i // columns) * (cell + caption_lines * line_height + 4)
+        canvas.paste(Image.fromarray(np.ascontiguousarray(image)).resize((cell - 4, cell - 4), Image.NEAREST), (x + 2, y + 2))
+        for j, line in enumerate(textwrap.wrap(caption, width=cell // 6)[:caption_lines]):
+            draw.text((x + 2, y + cell + j * line_height), line, fill="black", font=font)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(path)
+
+
+def plot_metrics(metrics_file: Path, path: Path, keys: list[str] | None = None) -> None:
+    """Plot the reward (and every ``eval/`` score) over steps from a ``metrics.jsonl`` file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in Path(metrics_file).read_text().splitlines() if line.strip()]
+    keys = keys or ["reward"]
+    eval_keys = sorted({k for r in records for k in r if k.startswith("eval/") and "/" not in k[5:]})
+    figure, axes = plt.subplots(1, 1 + bool(eval_keys), figsize=(5 + 5 * bool(eval_keys), 3.5), squeeze=False)
+    for key in keys:
+        points = [(r["step"], r[key]) for r in records if key in r]
+        if points:
+            steps, values = zip(*points)
+            axes[0][0].plot(steps, values, label=key, alpha=0.5)
+            window = max(1, len(values) // 10)
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+            axes[0][0].plot(steps[window - 1:], smooth, label=f"{key} (mean of {window})")
+    axes[0][0].set(xlabel="step", ylabel="training reward", title="reward during training")
+    axes[0][0].legend(fontsize=7)
+    if eval_keys:
+        for key in eval_keys:
+            points = [(r["step"], r[key]) for r in records if key in r]
+            axes[0][1].plot(*zip(*points), marker="o", label=key)
+        axes[0][1].set(xlabel="step", title="evaluation (fixed seeds)")
+        axes[0][1].legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -1,0 +1,51 @@
+"""Reopening a finished (or interrupted) run folder: its config, its components, its trained weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from gyremedia import checkpoint as ckpt
+from gyremedia.config import ConfigError, ResolvedConfig, load_config, resolve_config
+from gyremedia.interfaces import BuildContext
+from gyremedia.plugins import PluginManager
+
+RESOLVED_CONFIG = "config.yaml"
+EXPORT_DIR = "pipeline"
+
+
+def run_config(run_dir: Path, overrides: list[str], pm: PluginManager) -> ResolvedConfig:
+    """The resolved config a run folder was trained with, plus ``key=value`` overrides."""
+    path = Path(run_dir) / RESOLVED_CONFIG
+    if not path.is_file():
+        raise ConfigError(f"{run_dir}: no {RESOLVED_CONFIG} there; is it a run folder?")
+    return resolve_config(load_config(path, [f"run.output_dir={run_dir}", *overrides]), pm)
+
+
+def default_device() -> torch.device:
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return accelerator or torch.device("cpu")
+
+
+def load_trained_weights(backbone: Any, run_dir: Path, checkpoint: Path | None = None) -> Path:
+    """Load a checkpoint's trained weights (default: the run's latest complete one) into ``backbone``."""
+    checkpoint = checkpoint or ckpt.latest_checkpoint(Path(run_dir))
+    if checkpoint is None:
+        raise ConfigError(f"{run_dir}: no complete checkpoint to load")
+    backbone.load_trainable_state_dict(load_file(str(Path(checkpoint) / ckpt.WEIGHTS)))
+    return checkpoint
+
+
+def build_backbone(config: ResolvedConfig, pm: PluginManager, device: torch.device | None = None) -> Any:
+    context = BuildContext(device=device or default_device(), seed=config.core.run.seed)
+    return pm.build(config.backbone, context)
+
+
+def build_scoring(config: ResolvedConfig, pm: PluginManager, device: torch.device | None = None) -> tuple[Any, dict[str, Any]]:
+    """The evaluation sampler and the rewards of a run."""
+    context = BuildContext(device=device or default_device(), seed=config.core.run.seed)
+    sampler = pm.build(config.eval_sampler or config.sampler, context)
+    return sampler, {s.name: pm.build(s, context) for s in config.rewards}

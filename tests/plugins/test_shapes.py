@@ -1,0 +1,68 @@
+"""ShapesBench: prompt grammar and split, renderer, and the verifier reward on real renders."""
+
+import numpy as np
+import pytest
+import torch
+
+from gyremedia.rollout import Media
+from gyremedia_shapes.verifier import detect, verify
+from gyremedia_shapes.verifier_reward import ShapesVerifierOptions, ShapesVerifierReward
+from gyremedia_shapes.world import VOCABULARY, all_prompts, parse_prompt, render, render_batch, split_prompts
+
+
+def test_prompts_parse_back_and_use_only_the_vocabulary():
+    prompts = all_prompts()
+    assert len(prompts) == 27 + 4 * 54
+    for prompt in prompts:
+        assert parse_prompt(prompt.text) == prompt
+        assert set(prompt.text.split()) <= set(VOCABULARY)
+    with pytest.raises(ValueError, match="not a ShapesBench prompt"):
+        parse_prompt("a purple hexagon")
+    with pytest.raises(ValueError, match="different colours"):
+        parse_prompt("a red circle left of a red square")
+
+
+def test_split_is_disjoint_and_holds_out_unseen_combinations_of_seen_words():
+    train, heldout = split_prompts(seed=0)
+    assert not set(train) & set(heldout)
+    assert len(train) + len(heldout) == len(all_prompts())
+    assert any(" of " in p or "above" in p or "below" in p for p in heldout)
+    assert any(p.startswith(("two", "three")) for p in heldout)
+    assert set(" ".join(heldout).split()) <= set(" ".join(train).split())
+    assert split_prompts(seed=0) == (train, heldout)
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.1])
+def test_verifier_accepts_every_render_of_every_prompt(noise):
+    rng = np.random.default_rng(0)
+    for prompt in all_prompts():
+        for _ in range(3):
+            image = np.clip(render(prompt, rng) + rng.normal(0, noise, (16, 16, 3)), 0, 1)
+            result = verify(image, prompt)
+            assert result["correct"], (prompt.text, result, detect(image))
+
+
+def test_verifier_names_the_failed_criterion():
+    rng = np.random.default_rng(1)
+    image = render("a red circle left of a blue square", rng)
+    assert verify(image, "a blue circle left of a red square") == {
+        "object": True, "colour": False, "count": False, "position": False, "correct": False}
+    assert verify(image, "a red circle right of a blue square")["position"] is False
+    assert verify(image, "a red circle right of a blue square")["colour"] is True
+    two = render("two green triangles", rng)
+    assert verify(two, "three green triangles") == {"object": True, "colour": True, "count": False, "correct": False}
+    assert verify(np.zeros((16, 16, 3)), "a red square")["object"] is False
+
+
+def test_reward_scores_partial_credit_per_criterion():
+    rng = np.random.default_rng(2)
+    prompts = ["a red circle left of a blue square", "two green triangles"]
+    images = torch.from_numpy(render_batch(prompts, rng))
+    reward = ShapesVerifierReward(ShapesVerifierOptions())
+    right = reward(Media("image", images), prompts)
+    assert right["score"].tolist() == [1.0, 1.0] and right["correct"].tolist() == [1.0, 1.0]
+    assert torch.isnan(right["position"][1])  # position does not apply to a count prompt
+    wrong = reward(Media("image", images), ["a red circle right of a blue square", "three green triangles"])
+    assert wrong["score"].tolist() == pytest.approx([0.75, 2 / 3])
+    strict = ShapesVerifierReward(ShapesVerifierOptions(partial_credit=False))
+    assert strict(Media("image", images), ["a red circle right of a blue square", "two green triangles"])["score"].tolist() == [0.0, 1.0]

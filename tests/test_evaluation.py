@@ -1,0 +1,39 @@
+"""Fixed-seed evaluation, the paired gain interval, and `gyremedia eval`."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from gyremedia.cli import main
+from gyremedia.evaluation import paired_gain
+
+
+def test_paired_gain_by_hand():
+    base = torch.tensor([0.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    trained = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 0.0])
+    gain = paired_gain(base, trained)
+    diff = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, -1.0])
+    half = 1.96 * diff.std().item() / math.sqrt(6)
+    assert gain["points"] == pytest.approx(100 / 6)
+    assert gain["ci95_low"] == pytest.approx(100 * (1 / 6 - half))
+    assert gain["ci95_high"] == pytest.approx(100 * (1 / 6 + half))
+
+
+def test_eval_command_compares_base_and_trained_on_the_same_samples(tiny_yaml, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", str(tiny_yaml), "train.steps=2", "train.learning_rate=0.01"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--json", "eval.samples=12"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) >= {"base", "trained", "gain", "metric", "samples"}
+    assert report["metric"] == "jpeg_compressibility" and report["samples"] == 12
+    assert set(report["base"]) == {"accuracy", "size_kb"}
+    assert report["base"]["accuracy"] != report["trained"]["accuracy"]  # lr 0.01 moved the model
+    gain = report["gain"]
+    assert gain["ci95_low"] <= gain["points"] <= gain["ci95_high"]
+    # The base score equals the run's own step-0 evaluation: same prompts, same seeds.
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert main(["eval", str(run), "--json", "eval.samples=6"]) == 0
+    assert json.loads(capsys.readouterr().out)["base"]["accuracy"] == pytest.approx(first["eval/jpeg_compressibility"])
