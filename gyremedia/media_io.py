@@ -31,8 +31,8 @@ def save_image_grid(images: torch.Tensor, captions: list[str], path: Path, *, co
     canvas.save(path)
 
 
-def plot_metrics(metrics_file: Path, path: Path, keys: list[str] | None = None) -> None:
-    """Plot the reward (and every ``eval/`` score) over steps from a ``metrics.jsonl`` file."""
+def plot_metrics(metrics_file: Path, path: Path, eval_keys: list[str], keys: list[str] | None = None) -> None:
+    """Plot the training reward and the given evaluation scores over steps from a ``metrics.jsonl`` file."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,7 +40,7 @@ def plot_metrics(metrics_file: Path, path: Path, keys: list[str] | None = None) 
 
     records = [json.loads(line) for line in Path(metrics_file).read_text().splitlines() if line.strip()]
     keys = keys or ["reward"]
-    eval_keys = sorted({k for r in records for k in r if k.startswith("eval/") and "/" not in k[5:]})
+    eval_keys = [k for k in eval_keys if any(k in r for r in records)]
     figure, axes = plt.subplots(1, 1 + bool(eval_keys), figsize=(5 + 5 * bool(eval_keys), 3.5), squeeze=False)
     for key in keys:
         points = [(r["step"], r[key]) for r in records if key in r]

@@ -358,7 +358,9 @@ class Trainer:
             return
         metrics_file = self.run_dir / "metrics.jsonl"
         if metrics_file.is_file():
-            plot_metrics(metrics_file, self.run_dir / "reward_curve.png")
+            shown = dict.fromkeys([f"eval/{evaluation.accuracy_key(self.config)}",
+                                   *(f"eval/{s.name}" for s in self.config.rewards)])
+            plot_metrics(metrics_file, self.run_dir / "reward_curve.png", eval_keys=list(shown))
         if self.core.export.on_train_end:
             self.state.backbone.save_pretrained(self.run_dir / EXPORT_DIR, merge_lora=self.core.export.merge_lora)
             logger.info("exported the trained pipeline to %s", self.run_dir / EXPORT_DIR)

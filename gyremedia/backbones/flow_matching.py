@@ -56,7 +56,7 @@ class FlowMatchingBackbone:
             # A pipeline saved without T5 lists it as null, which diffusers loads only when told so.
             index = StableDiffusion3Pipeline.load_config(options.pretrained)
             absent = {name: None for name in ("text_encoder_3", "tokenizer_3") if index.get(name, [None])[0] is None}
-            self.pipeline = StableDiffusion3Pipeline.from_pretrained(options.pretrained, torch_dtype=dtype, **absent)
+            self.pipeline = StableDiffusion3Pipeline.from_pretrained(options.pretrained, dtype=dtype, **absent)
         else:
             self.pipeline = build_tiny_sd3_pipeline(options.tiny)
             if dtype != torch.float32:
