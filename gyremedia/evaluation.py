@@ -11,6 +11,7 @@ import torch
 
 from gyremedia.config import ResolvedConfig
 from gyremedia.data import PromptSource
+from gyremedia.interfaces import reward_components
 from gyremedia.rollout import Media
 from gyremedia.sampling import INITIAL_NOISE, STEP_NOISE, sample_generators, sample_trajectories
 
@@ -64,9 +65,7 @@ def score(rewards: dict[str, Any], media: Media, prompts: list[str]) -> dict[str
     """``{reward: score, reward/component: values}`` for every sample."""
     scores = {}
     for name, reward in rewards.items():
-        output = reward(media, prompts)
-        output = {"score": output} if isinstance(output, torch.Tensor) else output
-        for key, value in output.items():
+        for key, value in reward_components(reward(media, prompts)).items():
             value = torch.as_tensor(value, dtype=torch.float32).cpu()
             scores[name if key == "score" else f"{name}/{key}"] = value
     return scores

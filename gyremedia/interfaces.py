@@ -132,6 +132,11 @@ class Reward(Protocol):
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor] | torch.Tensor: ...
 
 
+def reward_components(output: dict[str, torch.Tensor] | torch.Tensor) -> dict[str, torch.Tensor]:
+    """A reward's output as a dict: a bare tensor is its ``"score"``."""
+    return {"score": output} if isinstance(output, torch.Tensor) else dict(output)
+
+
 @runtime_checkable
 class Regularizer(Protocol):
     """An extra loss term computed from an objective's micro-step outputs."""

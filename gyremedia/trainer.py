@@ -23,7 +23,7 @@ from gyremedia.advantages import distributed_group_advantages
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
 from gyremedia.distributed import gather_by_sample, global_mean, mean_over_ranks
-from gyremedia.interfaces import BuildContext, ObjectiveContext
+from gyremedia.interfaces import BuildContext, ObjectiveContext, reward_components
 from gyremedia.plugins import PluginManager, call_each
 from gyremedia.media_io import plot_metrics
 from gyremedia.rollout import Rollout
@@ -239,7 +239,7 @@ class Trainer:
             output = reward(rollout.media, rollout.prompts)
         except Exception as exc:
             raise self._reward_error(name, step, rollout, f"{type(exc).__name__}: {exc}") from exc
-        scores = {"score": output} if isinstance(output, torch.Tensor) else dict(output)
+        scores = reward_components(output)
         if "score" not in scores:
             raise self._reward_error(name, step, rollout, f"returned keys {sorted(scores)} without a 'score'")
         for key, value in scores.items():
