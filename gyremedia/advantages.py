@@ -35,9 +35,14 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std: str = 
     return (centred / (scale + eps)).float()
 
 
-def distributed_group_advantages(accelerator, rewards: torch.Tensor, group_ids: torch.Tensor,
-                                 sample_ids: torch.Tensor, std: str = "group", eps: float = 1e-4) -> torch.Tensor:
-    """This rank's advantages, with group statistics taken over all ranks' samples."""
+def distributed_group_advantages(accelerator, rewards: torch.Tensor, group_ids: torch.Tensor, sample_ids: torch.Tensor,
+                                 std: str = "group", eps: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's advantages, with group statistics taken over all ranks' samples.
+
+    Also returns the gathered rewards and group ids (every rank's, ordered by sample id), so callers
+    can report batch statistics without gathering again.
+    """
     all_rewards, all_groups, order = gather_by_sample(accelerator, sample_ids, rewards, group_ids)
     advantages = group_advantages(all_rewards, all_groups, std, eps)
-    return advantages[torch.searchsorted(order, sample_ids.to(order.device))].to(rewards.device)
+    local = advantages[torch.searchsorted(order, sample_ids.to(order.device))].to(rewards.device)
+    return local, all_rewards, all_groups

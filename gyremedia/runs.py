@@ -39,13 +39,16 @@ def load_trained_weights(backbone: Any, run_dir: Path, checkpoint: Path | None =
     return checkpoint
 
 
+def _context(config: ResolvedConfig, device: torch.device | None) -> BuildContext:
+    return BuildContext(device=device or default_device(), seed=config.core.run.seed)
+
+
 def build_backbone(config: ResolvedConfig, pm: PluginManager, device: torch.device | None = None) -> Any:
-    context = BuildContext(device=device or default_device(), seed=config.core.run.seed)
-    return pm.build(config.backbone, context)
+    return pm.build(config.backbone, _context(config, device))
 
 
 def build_scoring(config: ResolvedConfig, pm: PluginManager, device: torch.device | None = None) -> tuple[Any, dict[str, Any]]:
     """The evaluation sampler and the rewards of a run."""
-    context = BuildContext(device=device or default_device(), seed=config.core.run.seed)
+    context = _context(config, device)
     sampler = pm.build(config.eval_sampler or config.sampler, context)
     return sampler, {s.name: pm.build(s, context) for s in config.rewards}

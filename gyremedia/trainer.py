@@ -22,7 +22,7 @@ from gyremedia import evaluation
 from gyremedia.advantages import distributed_group_advantages
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
-from gyremedia.distributed import gather_by_sample, global_mean, mean_over_ranks
+from gyremedia.distributed import global_mean, mean_over_ranks
 from gyremedia.interfaces import BuildContext, ObjectiveContext, reward_components
 from gyremedia.plugins import PluginManager, call_each
 from gyremedia.media_io import plot_metrics
@@ -258,9 +258,8 @@ class Trainer:
 
     def compute_advantages(self, rollout: Rollout) -> dict[str, float]:
         adv = self.core.advantage
-        rollout.advantages = distributed_group_advantages(
+        rollout.advantages, rewards, groups = distributed_group_advantages(
             self.accelerator, rollout.reward, rollout.group_ids, rollout.sample_ids, adv.std, adv.eps)
-        rewards, groups, _ = gather_by_sample(self.accelerator, rollout.sample_ids, rollout.reward, rollout.group_ids)
         group_std = torch.stack([rewards[groups == g].std(unbiased=False) for g in groups.unique()])
         return {"reward": rewards.mean().item(), "reward_std": rewards.std(unbiased=False).item(),
                 "reward_group_std": group_std.mean().item()}

@@ -39,5 +39,6 @@ def test_distributed_matches_plain_on_one_process_with_any_sample_order():
     torch.manual_seed(1)
     rewards, groups = torch.randn(8), torch.arange(8) // 4
     order = torch.tensor([5, 2, 7, 0, 1, 6, 3, 4])
-    local = distributed_group_advantages(accelerator, rewards[order], groups[order], order)
+    local, gathered, _ = distributed_group_advantages(accelerator, rewards[order], groups[order], order)
     torch.testing.assert_close(local, group_advantages(rewards, groups)[order])
+    torch.testing.assert_close(gathered, rewards)  # every rank's rewards, ordered by sample id
