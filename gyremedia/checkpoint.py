@@ -25,6 +25,7 @@ WEIGHTS = "trainable.safetensors"
 OPTIMIZER = "optimizer.pt"
 SCHEDULER = "scheduler.pt"
 TRAINER_STATE = "trainer_state.json"
+COMPONENTS = "components.pt"  # tensors of stateful components (an objective's old policy, ...)
 
 
 def checkpoint_name(step: int) -> str:
@@ -60,7 +61,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str, torch.Tensor], optimizer,
-                    scheduler, plugin_state: dict[str, Any], keep_last: int) -> Path:
+                    scheduler, plugin_state: dict[str, Any], keep_last: int,
+                    component_state: dict[str, Any] | None = None) -> Path:
     """Write the checkpoint of ``step`` (every rank calls this) and prune old ones on the main rank."""
     root = Path(run_dir) / CHECKPOINT_DIR
     final = root / checkpoint_name(step)
@@ -74,6 +76,8 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str,
         save_file({k: v.contiguous().cpu() for k, v in weights.items()}, str(tmp / WEIGHTS))
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
         torch.save(scheduler.state_dict(), tmp / SCHEDULER)
+        if component_state:
+            torch.save(component_state, tmp / COMPONENTS)
         state = {"step": step, "num_processes": accelerator.num_processes, "plugins": plugin_state}
         (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2))
     accelerator.wait_for_everyone()
@@ -88,12 +92,17 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str,
 
 
 def load_checkpoint(accelerator, path: Path, *, optimizer, scheduler) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Restore optimizer, scheduler and this rank's RNG; return the weights and the trainer state."""
+    """Restore optimizer, scheduler and this rank's RNG; return the weights and the trainer state.
+
+    The trainer state holds ``"components"``: what stateful components saved (empty if none).
+    """
     path = Path(path)
     weights = load_file(str(path / WEIGHTS), device=str(accelerator.device))
     optimizer.load_state_dict(torch.load(path / OPTIMIZER, map_location=accelerator.device, weights_only=False))
     scheduler.load_state_dict(torch.load(path / SCHEDULER, weights_only=False))
     state = json.loads((path / TRAINER_STATE).read_text())
+    components = path / COMPONENTS
+    state["components"] = torch.load(components, map_location=accelerator.device) if components.is_file() else {}
     rng_file = path / f"rng_rank{accelerator.process_index}.pt"
     if rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))

@@ -80,7 +80,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     prefix = key.split("/")[0] + "/"
     report = {
         label: {"accuracy": evaluation.nanmean(r.scores[key]),
-                **{k[len(prefix):]: evaluation.nanmean(v) for k, v in r.scores.items() if k.startswith(prefix) and k != key}}
+                **{k[len(prefix):]: evaluation.nanmean(v) for k, v in r.scores.items() if k.startswith(prefix) and k != key},
+                "diversity": evaluation.in_group_diversity(r.media, r.prompts)}
         for label, r in results.items()
     }
     report["gain"] = evaluation.paired_gain(results["base"].scores[key], results["trained"].scores[key])

@@ -56,6 +56,9 @@ class RolloutSection:
     num_steps: int = 10  # denoising steps per sample
     guidance_scale: float = 1.0
     same_noise_in_group: bool = False  # every member of a group starts from the same noise
+    # Score rollout k in worker threads while rollout k+1 is sampled. Each rollout is then trained
+    # one optimizer step after the policy that sampled it (the ratio objectives' clip covers that).
+    async_scoring: bool = False
 
 
 @dataclass
@@ -74,6 +77,10 @@ class TrainSection:
 class AdvantageSection:
     std: str = "group"  # group | global | none: what the centred reward is divided by
     eps: float = 1e-4
+    # How several rewards become one advantage: "sum" normalises the weighted sum of the rewards;
+    # "normalize_each" normalises each reward within its groups, then sums the weighted advantages
+    # (a reward with a large scale cannot drown the others).
+    combine: str = "sum"
 
 
 @dataclass
@@ -132,8 +139,28 @@ COMPONENT_SECTIONS = {
 }
 #: Component sections a config may leave out (``eval.sampler`` defaults to the run's sampler).
 OPTIONAL_SECTIONS = {"regularizers": [], "logging.loggers": [], "eval.sampler": None}
-#: Keys every list component accepts besides its own options.
-LIST_COMPONENT_KEYS = {"reward": ("weight",), "regularizer": ("weight",), "logger": ()}
+@dataclass
+class RewardSettings:
+    """Keys every reward accepts besides its own options."""
+
+    weight: float = 1.0
+    # What a failing sample does: "fail" stops the run naming the reward, step and prompt; "drop"
+    # removes the sample from its group (advantage 0, excluded from the group's statistics) and
+    # counts it in the metric reward/<name>/dropped. A failure is an exception or a timeout (the
+    # whole call's samples) or a NaN/inf score (that sample).
+    on_failure: str = "fail"
+    timeout: float = 0.0  # seconds one call may take before it counts as failed; 0 waits forever
+
+
+@dataclass
+class RegularizerSettings:
+    """Keys every regularizer accepts besides its own options."""
+
+    weight: float = 1.0
+
+
+#: Settings dataclass of the keys a list component accepts besides its own options.
+COMPONENT_SETTINGS: dict[str, type] = {"reward": RewardSettings, "regularizer": RegularizerSettings}
 
 
 @dataclass
@@ -143,13 +170,17 @@ class Selected:
     kind: str
     name: str
     options: Any  # instance of the plugin's options dataclass, or None
-    weight: float = 1.0
+    settings: Any = None  # instance of COMPONENT_SETTINGS[kind] (weight, failure policy, ...), or None
     meta: dict[str, Any] = field(default_factory=dict)  # what the plugin registered beside the factory
+
+    @property
+    def weight(self) -> float:
+        return self.settings.weight if self.settings is not None else 1.0
 
     def as_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"name": self.name}
-        if self.kind in ("reward", "regularizer"):
-            body["weight"] = self.weight
+        if self.settings is not None:
+            body.update(dataclasses.asdict(self.settings))
         if self.options is not None:
             body.update(dataclasses.asdict(self.options))
         return body
@@ -257,7 +288,9 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         key, value = override.split("=", 1)
         try:
             parsed = OmegaConf.from_dotlist([f"value={value}"])._get_node("value")
-            OmegaConf.update(cfg, key.strip(), parsed, merge=True, force_add=True)
+            # A dict or list value replaces the node (`objective={name: nft}` drops grpo's keys);
+            # a scalar sets one key.
+            OmegaConf.update(cfg, key.strip(), parsed, merge=False, force_add=True)
         except (OmegaConfBaseException, ValueError, IndexError, KeyError) as exc:
             raise ConfigError(f"could not apply override {override!r}: {exc}") from exc
     return cfg
@@ -274,16 +307,19 @@ def _select(pm: PluginManager, kind: str, section: Any, path: str) -> tuple[Sele
         component = pm.component(kind, name)
     except PluginError as exc:
         return None, [f"'{path}.name': {exc}"]
-    weight = float(body.pop("weight", 1.0)) if kind in LIST_COMPONENT_KEYS and "weight" in LIST_COMPONENT_KEYS[kind] else 1.0
+    settings, errors, common_keys = None, [], []
+    if kind in COMPONENT_SETTINGS:
+        common_keys = [f.name for f in dataclasses.fields(COMPONENT_SETTINGS[kind])]
+        settings, errors = _merge(COMPONENT_SETTINGS[kind], {k: body.pop(k) for k in common_keys if k in body}, f"{path}.")
     if component.options is None:
-        if body:
-            return None, [f"unknown key '{path}.{k}': {kind} {name!r} takes no options" for k in body]
-        return Selected(kind, name, None, weight, dict(component.meta)), []
-    errors = _unknown_key_errors(body, component.options, f"{path}.")
+        errors += [f"unknown key '{path}.{k}': {kind} {name!r} takes no options besides {common_keys or 'its name'}"
+                   for k in body]
+        return (Selected(kind, name, None, settings, dict(component.meta)) if not errors else None), errors
+    errors += _unknown_key_errors(body, component.options, f"{path}.", frozenset(f"{path}.{k}" for k in common_keys))
     if errors:
         return None, errors
     options, errors = _merge(component.options, body, f"{path}.")
-    return (Selected(kind, name, options, weight, dict(component.meta)) if not errors else None), errors
+    return (Selected(kind, name, options, settings, dict(component.meta)) if not errors else None), errors
 
 
 def _section(cfg: DictConfig, dotted: str) -> Any:
@@ -365,6 +401,18 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any]) -> list[str]:
         errors.append(f"rollout.num_steps={r.num_steps}: set rollout.num_steps>=1")
     if core.advantage.std not in ("group", "global", "none"):
         errors.append(f"advantage.std={core.advantage.std!r}: allowed values are group, global, none")
+    if core.advantage.combine not in ("sum", "normalize_each"):
+        errors.append(f"advantage.combine={core.advantage.combine!r}: allowed values are sum, normalize_each")
+    rewards = [s for s in selected.get("rewards") or [] if s is not None]
+    for i, reward in enumerate(rewards):
+        if reward.settings.on_failure not in ("fail", "drop"):
+            errors.append(f"rewards.{i}.on_failure={reward.settings.on_failure!r}: allowed values are fail, drop")
+        if reward.settings.timeout < 0:
+            errors.append(f"rewards.{i}.timeout={reward.settings.timeout}: use seconds > 0, or 0 for no limit")
+    names = [reward.name for reward in rewards]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        errors.append(f"reward {name!r} is selected twice: combine its scores in one reward, or register it "
+                      "under a second name")
     if core.train.num_minibatches < 1:
         errors.append("train.num_minibatches must be >= 1")
     if not core.data.prompts and not core.data.prompts_file:

@@ -11,7 +11,7 @@ import torch
 
 from gyremedia.config import ResolvedConfig
 from gyremedia.data import PromptSource
-from gyremedia.interfaces import reward_components
+from gyremedia.scoring import RewardError, call_reward
 from gyremedia.rollout import Media
 from gyremedia.sampling import INITIAL_NOISE, STEP_NOISE, sample_generators, sample_trajectories
 
@@ -35,7 +35,23 @@ class EvalResult:
     scores: dict[str, torch.Tensor]
 
     def means(self, prefix: str = "eval/") -> dict[str, float]:
-        return {f"{prefix}{k}": nanmean(v) for k, v in self.scores.items()}
+        return {**{f"{prefix}{k}": nanmean(v) for k, v in self.scores.items()},
+                f"{prefix}diversity": in_group_diversity(self.media, self.prompts)}
+
+
+def in_group_diversity(media: Media, prompts: list[str]) -> float:
+    """Mean pairwise RMS distance between samples of the same prompt (different seeds), averaged
+    over prompts: how varied a model's answers to one prompt are; 0 means mode collapse."""
+    if isinstance(media.data, list):
+        return math.nan
+    flat = media.data.detach().float().flatten(1).cpu()
+    distances = []
+    for prompt in dict.fromkeys(prompts):
+        rows = flat[[i for i, p in enumerate(prompts) if p == prompt]]
+        if len(rows) > 1:
+            pairwise = torch.cdist(rows, rows) / math.sqrt(rows.shape[1])
+            distances.append(pairwise.sum() / (len(rows) * (len(rows) - 1)))
+    return float(torch.stack(distances).mean()) if distances else math.nan
 
 
 def nanmean(values: torch.Tensor) -> float:
@@ -65,8 +81,11 @@ def score(rewards: dict[str, Any], media: Media, prompts: list[str]) -> dict[str
     """``{reward: score, reward/component: values}`` for every sample."""
     scores = {}
     for name, reward in rewards.items():
-        for key, value in reward_components(reward(media, prompts)).items():
-            value = torch.as_tensor(value, dtype=torch.float32).cpu()
+        try:
+            components = call_reward(reward, media, prompts)
+        except Exception as exc:
+            raise RewardError(f"reward {name!r} failed during evaluation: {type(exc).__name__}: {exc}") from exc
+        for key, value in components.items():
             scores[name if key == "score" else f"{name}/{key}"] = value
     return scores
 

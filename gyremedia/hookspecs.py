@@ -71,7 +71,10 @@ def gyremedia_register_rewards(register: Register) -> None:
 
     A reward is a callable ``reward(media, prompts) -> dict[str, Tensor[B]] | Tensor[B]`` with a
     ``kinds`` attribute naming the media kinds it scores (:class:`gyremedia.interfaces.Reward`).
-    A dict must hold a ``"score"`` entry; the other entries are logged as components.
+    A dict must hold a ``"score"`` entry; the other entries are logged as components. It may set
+    ``batch_size`` (called on chunks of at most that many samples) and may be ``async``. What a
+    failure (exception, timeout, NaN score) does is the run's choice (``on_failure: fail | drop``),
+    see :mod:`gyremedia.scoring`.
     """
 
 

@@ -53,6 +53,8 @@ class Backbone(Protocol):
                 guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
         """The model output (velocity for flow matching) at states ``x`` and noise level ``sigma``.
 
+        ``sigma`` is a scalar (the whole batch) or ``[B]`` (one level per sample).
+
         With ``reference=True`` it is the frozen reference policy's output (no gradients).
         """
 
@@ -125,7 +127,11 @@ class ObjectiveContext:
 
 @runtime_checkable
 class Reward(Protocol):
-    """Scores media against prompts: ``{"score": Tensor[B], other components...}`` or ``Tensor[B]``."""
+    """Scores media against prompts: ``{"score": Tensor[B], other components...}`` or ``Tensor[B]``.
+
+    Optional: a ``batch_size`` attribute (the core calls it on chunks of at most that size) and an
+    ``async def __call__`` (chunks are awaited concurrently); see :mod:`gyremedia.scoring`.
+    """
 
     kinds: set[str]
 

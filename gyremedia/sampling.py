@@ -16,11 +16,12 @@ from gyremedia.rollout import Rollout
 INITIAL_NOISE, STEP_NOISE = 0, 1
 
 
-def sample_generators(seed: int, step: int, stream: int, ids: list[int]) -> list[torch.Generator]:
-    """One CPU generator per id, seeded from ``(seed, step, stream, id)`` through numpy's SeedSequence."""
+def sample_generators(seed: int, step: int, stream: int | tuple[int, ...], ids: list[int]) -> list[torch.Generator]:
+    """One CPU generator per id, seeded from ``(seed, step, stream..., id)`` through numpy's SeedSequence."""
+    streams = list(stream) if isinstance(stream, tuple) else [stream]
     generators = []
     for sample_id in ids:
-        state = np.random.SeedSequence([seed, step, stream, int(sample_id)]).generate_state(2, dtype=np.uint32)
+        state = np.random.SeedSequence([seed, step, *streams, int(sample_id)]).generate_state(2, dtype=np.uint32)
         generators.append(torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1])))
     return generators
 

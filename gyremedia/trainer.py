@@ -23,20 +23,17 @@ from gyremedia.advantages import distributed_group_advantages
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
 from gyremedia.distributed import global_mean, mean_over_ranks
-from gyremedia.interfaces import BuildContext, ObjectiveContext, reward_components
+from gyremedia.interfaces import BuildContext, ObjectiveContext
 from gyremedia.plugins import PluginManager, call_each
 from gyremedia.media_io import plot_metrics
 from gyremedia.rollout import Rollout
 from gyremedia.runs import EXPORT_DIR, RESOLVED_CONFIG
+from gyremedia.scoring import RewardError, Scorer, reward_error  # noqa: F401 - RewardError is part of the API
 from gyremedia.sampling import INITIAL_NOISE, STEP_NOISE, sample_generators, sample_trajectories
 
 logger = logging.getLogger("gyremedia")
 
 
-
-
-class RewardError(RuntimeError):
-    """A reward raised or returned a non-finite or malformed score."""
 
 
 @dataclass
@@ -96,6 +93,9 @@ class Trainer:
         self.resume_from = self._checkpoint_to_resume(resume)
         self.state = TrainState(config=config, accelerator=self.accelerator, run_dir=self.run_dir, plugins=plugins)
         self.prompts = PromptSource(self.core.data.prompts, self.core.data.prompts_file)
+        # With async scoring: the next step's rollout, sampled and being scored. Not checkpointed: a
+        # resumed run samples it again with the restored policy.
+        self._pending: dict[int, tuple[Rollout, dict[str, Any], float]] = {}
 
     # ------------------------------------------------------------------ set-up
 
@@ -139,6 +139,7 @@ class Trainer:
                     f"reward {name!r} scores {sorted(kinds)} but backbone {self.config.backbone.name!r} "
                     f"produces {state.backbone.media_kind!r} media"
                 )
+        self.scorer = Scorer(self.config.rewards, state.rewards)
         state.regularizers = {s.name: state.plugins.build(s, context) for s in self.config.regularizers}
         state.loggers = [state.plugins.build(s, context) for s in self.config.loggers] if acc.is_main_process else []
         components = [state.objective, *state.regularizers.values()]
@@ -166,6 +167,8 @@ class Trainer:
             weights, saved = ckpt.load_checkpoint(acc, self.resume_from, optimizer=state.optimizer,
                                                   scheduler=state.lr_scheduler)
             state.backbone.load_trainable_state_dict(weights)
+            for name, component in self._stateful_components().items():
+                component.load_state_dict(saved["components"].get(name, {}))
             state.step = saved["step"]
             state.plugins.hook.gyremedia_on_load_checkpoint(state=state, path=self.resume_from,
                                                             plugin_state=saved.get("plugins", {}))
@@ -211,58 +214,43 @@ class Trainer:
             sigmas=sigmas,
         )
 
-    def score(self, rollout: Rollout, step: int) -> dict[str, float]:
-        """Decode, call each selected reward, and set ``rollout.rewards`` and ``rollout.reward``."""
-        state = self.state
-        rollout.media = state.backbone.decode(rollout.final)
-        components: dict[str, torch.Tensor] = {}
-        for selected in self.config.rewards:
-            scores = self._call_reward(selected.name, state.rewards[selected.name], rollout, step)
-            rollout.rewards[selected.name] = scores.pop("score")
-            components.update({f"reward/{selected.name}/{k}": v for k, v in scores.items()})
+    def start_scoring(self, rollout: Rollout) -> dict[str, Any]:
+        """Decode the rollout and hand its media to the rewards' worker threads; returns at once."""
+        rollout.media = self.state.backbone.decode(rollout.final)
+        return self.scorer.submit(rollout.media, rollout.prompts)
+
+    def score(self, rollout: Rollout, step: int, futures: dict[str, Any] | None = None) -> dict[str, float]:
+        """Wait for every reward (failure policies applied); set ``rollout.rewards`` and ``rollout.reward``."""
+        state, acc = self.state, self.accelerator
+        scored = self.scorer.collect(futures if futures is not None else self.start_scoring(rollout),
+                                     rollout.prompts, step)
+        metrics, dropped = {}, torch.zeros(len(rollout), dtype=torch.bool)
+        for name, scores in scored.components.items():
+            rollout.rewards[name] = scores.pop("score").to(acc.device)
+            dropped |= scored.dropped[name]
+            metrics.update({f"reward/{name}/{k}": global_mean(acc, v, ignore_nan=True) for k, v in scores.items()})
+            if self.scorer.may_drop(name):
+                metrics[f"reward/{name}/dropped"] = global_mean(acc, scored.dropped[name]) * self.core.rollout.batch_size
         state.plugins.hook.gyremedia_process_rewards(state=state, rollout=rollout, rewards=rollout.rewards)
         for name, values in rollout.rewards.items():
-            self._check_finite(name, step, rollout, values, "the score after gyremedia_process_rewards")
-        weights = {s.name: s.weight for s in self.config.rewards}
-        rollout.reward = sum(weights[name] * value.float() for name, value in rollout.rewards.items())
-        metrics = {f"reward/{name}": global_mean(self.accelerator, v) for name, v in rollout.rewards.items()}
-        metrics.update({k: global_mean(self.accelerator, v, ignore_nan=True) for k, v in components.items()})
+            bad = (~torch.isfinite(values.cpu()) & ~dropped).nonzero().flatten()
+            if len(bad):
+                raise reward_error(name, step, rollout.prompts, f"the score after gyremedia_process_rewards is "
+                                   f"{values[bad[0]].item()}", int(bad[0]))
+        rollout.reward = sum(s.weight * rollout.rewards[s.name].float() for s in self.config.rewards)
+        metrics.update({f"reward/{name}": global_mean(acc, v, ignore_nan=True) for name, v in rollout.rewards.items()})
         return metrics
 
-    @staticmethod
-    def _reward_error(name: str, step: int, rollout: Rollout, why: str, index: int | None = None) -> RewardError:
-        where = f" on prompt {rollout.prompts[index]!r}" if index is not None else f" on prompts {rollout.prompts[:4]}"
-        return RewardError(f"reward {name!r} failed at step {step}{where}: {why}")
-
-    def _call_reward(self, name: str, reward: Any, rollout: Rollout, step: int) -> dict[str, torch.Tensor]:
-        try:
-            output = reward(rollout.media, rollout.prompts)
-        except Exception as exc:
-            raise self._reward_error(name, step, rollout, f"{type(exc).__name__}: {exc}") from exc
-        scores = reward_components(output)
-        if "score" not in scores:
-            raise self._reward_error(name, step, rollout, f"returned keys {sorted(scores)} without a 'score'")
-        for key, value in scores.items():
-            value = torch.as_tensor(value, dtype=torch.float32).to(self.accelerator.device)
-            if value.shape != (len(rollout),):
-                raise self._reward_error(name, step, rollout, f"'{key}' has shape {tuple(value.shape)}, expected ({len(rollout)},)")
-            # Only the score must be a number; a NaN component means "does not apply to this sample".
-            self._check_finite(name, step, rollout, value if key == "score" else value.nan_to_num(nan=0.0), f"'{key}'")
-            scores[key] = value
-        return scores
-
-    def _check_finite(self, name: str, step: int, rollout: Rollout, values: torch.Tensor, what: str) -> None:
-        bad = (~torch.isfinite(values)).nonzero().flatten()
-        if len(bad):
-            raise self._reward_error(name, step, rollout, f"{what} is {values[bad[0]].item()}", int(bad[0]))
-
     def compute_advantages(self, rollout: Rollout) -> dict[str, float]:
-        adv = self.core.advantage
-        rollout.advantages, rewards, groups = distributed_group_advantages(
-            self.accelerator, rollout.reward, rollout.group_ids, rollout.sample_ids, adv.std, adv.eps)
-        group_std = torch.stack([rewards[groups == g].std(unbiased=False) for g in groups.unique()])
-        return {"reward": rewards.mean().item(), "reward_std": rewards.std(unbiased=False).item(),
-                "reward_group_std": group_std.mean().item()}
+        adv, rewards = self.core.advantage, self.config.rewards
+        matrix = torch.stack([rollout.rewards[s.name].float() for s in rewards], dim=1)
+        weights = torch.tensor([s.weight for s in rewards])
+        rollout.advantages, totals, groups = distributed_group_advantages(
+            self.accelerator, matrix, weights, rollout.group_ids, rollout.sample_ids, adv.combine, adv.std, adv.eps)
+        kept = torch.isfinite(totals)
+        group_std = [totals[(groups == g) & kept].std(unbiased=False) for g in groups[kept].unique()]
+        return {"reward": totals[kept].mean().item(), "reward_std": totals[kept].std(unbiased=False).item(),
+                "reward_group_std": torch.stack(group_std).mean().item() if group_std else float("nan")}
 
     def optimize(self, rollout: Rollout, step: int) -> dict[str, float]:
         """One optimizer step per minibatch; gradients accumulate over the objective's micro-steps."""
@@ -301,15 +289,28 @@ class Trainer:
         metrics["lr"] = state.lr_scheduler.get_last_lr()[0]
         return metrics
 
-    def train_step(self, step: int) -> dict[str, float]:
-        state = self.state
-        times = {}
+    def _sample_and_submit(self, step: int) -> tuple[Rollout, dict[str, Any], float]:
+        """Sample step ``step``'s rollout and start scoring it; returns it, its reward futures, the seconds taken."""
         start = time.perf_counter()
         rollout = self.collect_rollout(step)
-        state.plugins.hook.gyremedia_after_rollout(state=state, rollout=rollout)
-        times["time/rollout"] = time.perf_counter() - start
+        self.state.plugins.hook.gyremedia_after_rollout(state=self.state, rollout=rollout)
+        futures = self.start_scoring(rollout)
+        return rollout, futures, time.perf_counter() - start
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """Sample (or take the rollout sampled during the last step), score, compute advantages, optimize.
+
+        With ``rollout.async_scoring`` the next step's rollout is sampled while this one's rewards
+        run in their worker threads, so a slow reward costs only what sampling does not hide.
+        """
+        state = self.state
+        rollout, futures, sampling = self._pending.pop(step, None) or self._sample_and_submit(step)
+        times = {"time/rollout": sampling}
+        if self.core.rollout.async_scoring and step + 1 < self.core.train.steps:
+            self._pending[step + 1] = upcoming = self._sample_and_submit(step + 1)
+            times["time/rollout"] = upcoming[2]
         start = time.perf_counter()
-        metrics = self.score(rollout, step)
+        metrics = self.score(rollout, step, futures)
         metrics.update(self.compute_advantages(rollout))
         times["time/reward"] = time.perf_counter() - start
         start = time.perf_counter()
@@ -349,7 +350,17 @@ class Trainer:
             self.accelerator, self.run_dir, state.step, weights=state.backbone.trainable_state_dict(),
             optimizer=state.optimizer, scheduler=state.lr_scheduler, plugin_state=plugin_state,
             keep_last=self.core.checkpoint.keep_last,
+            component_state={name: c.state_dict() for name, c in self._stateful_components().items()},
         )
+
+    def _stateful_components(self) -> dict[str, Any]:
+        """Selected components with tensors to checkpoint (``state_dict``/``load_state_dict``)."""
+        state = self.state
+        candidates = {"objective": state.objective, "sampler": state.sampler,
+                      **{f"reward/{k}": v for k, v in state.rewards.items()},
+                      **{f"regularizer/{k}": v for k, v in state.regularizers.items()}}
+        return {name: c for name, c in candidates.items()
+                if callable(getattr(c, "state_dict", None)) and callable(getattr(c, "load_state_dict", None))}
 
     def finish(self) -> None:
         """Main process: plot the metrics and export the trained generator into the run folder."""
@@ -396,6 +407,7 @@ class Trainer:
             raise
         finally:
             progress.close()
+            self.scorer.close()
             for sink in state.loggers:
                 sink.close()
         return state

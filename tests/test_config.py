@@ -19,7 +19,7 @@ BAD_CONFIGS = [
     (["sampler.noise_levl=0.5"], ["unknown key 'sampler.noise_levl'", "did you mean 'sampler.noise_level'"]),
     (["train.steps=many"], ["wrong type for 'train.steps'"]),
     (["objective.clip_range=wide"], ["wrong type for 'objective.clip_range'"]),
-    (["sampler.name=flow_sdee"], ["unknown sampler 'flow_sdee'", "Registered samplers: flow_sde", "Did you mean 'flow_sde'"]),
+    (["sampler.name=flow_sdee"], ["unknown sampler 'flow_sdee'", "Registered samplers: cps, dance_sde, flow_sde, ode", "Did you mean 'flow_sde'"]),
     (["rewards.0.name=aesthetics"], ["'rewards.0.name'", "unknown reward 'aesthetics'", "jpeg_compressibility"]),
     (["rollout.batch_size=10"], ["rollout.batch_size=10 is not divisible by rollout.group_size=4", "rollout.batch_size=8 or 12"]),
     (["rollout.group_size=1", "rollout.batch_size=4"], ["rollout.group_size=1", "rollout.group_size>=2"]),
@@ -28,6 +28,11 @@ BAD_CONFIGS = [
     (["eval.sampler={name: odee}"], ["'eval.sampler.name'", "unknown sampler 'odee'", "Did you mean 'ode'"]),
     (["eval.metric=correct"], ["eval.metric='correct'", "'<reward>/<component>'"]),
     (["eval.samplez=3"], ["unknown key 'eval.samplez'", "did you mean 'eval.samples'"]),
+    (["rewards.0.wieght=2"], ["unknown key 'rewards.0.wieght'", "did you mean 'rewards.0.weight'"]),
+    (["rewards.0.on_failure=ignore"], ["rewards.0.on_failure='ignore'", "allowed values are fail, drop"]),
+    (["rewards.0.timeout=soon"], ["wrong type for 'rewards.0.timeout'"]),
+    (["advantage.combine=max"], ["advantage.combine='max'", "sum, normalize_each"]),
+    (["rewards=[jpeg_compressibility, jpeg_compressibility]"], ["reward 'jpeg_compressibility' is selected twice"]),
 ]
 
 

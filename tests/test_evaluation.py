@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gyremedia.cli import main
-from gyremedia.evaluation import paired_gain
+from gyremedia.evaluation import in_group_diversity, paired_gain
+from gyremedia.rollout import Media
 
 
 def test_paired_gain_by_hand():
@@ -29,7 +30,7 @@ def test_eval_command_compares_base_and_trained_on_the_same_samples(tiny_yaml, t
     report = json.loads(capsys.readouterr().out)
     assert set(report) >= {"base", "trained", "gain", "metric", "samples"}
     assert report["metric"] == "jpeg_compressibility" and report["samples"] == 12
-    assert set(report["base"]) == {"accuracy", "size_kb"}
+    assert set(report["base"]) == {"accuracy", "size_kb", "diversity"}
     assert report["base"]["accuracy"] != report["trained"]["accuracy"]  # lr 0.01 moved the model
     gain = report["gain"]
     assert gain["ci95_low"] <= gain["points"] <= gain["ci95_high"]
@@ -37,3 +38,13 @@ def test_eval_command_compares_base_and_trained_on_the_same_samples(tiny_yaml, t
     first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert main(["eval", str(run), "--json", "eval.samples=6"]) == 0
     assert json.loads(capsys.readouterr().out)["base"]["accuracy"] == pytest.approx(first["eval/jpeg_compressibility"])
+
+
+def test_in_group_diversity_is_zero_for_identical_answers_and_grows_with_spread():
+    prompts = ["a", "a", "b", "b", "c"]  # "c" has one sample: no pair to compare
+    same = torch.zeros(5, 3, 2, 2)
+    assert in_group_diversity(Media("image", same), prompts) == 0.0
+    spread = same.clone()
+    spread[1] += 0.5  # the two "a" answers differ by 0.5 everywhere; the "b" ones are equal
+    assert in_group_diversity(Media("image", spread), prompts) == pytest.approx(0.25)
+    assert math.isnan(in_group_diversity(Media("text", ["x", "y"]), ["a", "a"]))

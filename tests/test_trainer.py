@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 
 import pytest
@@ -226,3 +227,87 @@ def test_selected_regularizer_adds_its_weighted_terms_to_the_loss(make_config):
     penalty = metrics["velocity_penalty/velocity_sq"]
     assert penalty > 0
     assert metrics["loss"] == pytest.approx(metrics["policy_loss"] + 0.5 * penalty, rel=1e-5)
+
+
+class UnreliableReward:
+    """Brightness, except that training samples 1 and 6 of each batch fail (NaN)."""
+
+    kinds = {"image"}
+
+    def __call__(self, media, prompts):
+        scores = media.data.mean(dim=(1, 2, 3)).clone()
+        if len(prompts) == 8:  # a training batch (evaluations score 6 samples)
+            scores[[1, 6]] = float("nan")
+        return scores
+
+    @hookimpl
+    def gyremedia_process_rewards(self, state, rollout, rewards):
+        self.last = rollout
+
+
+class UnreliablePlugin:
+    @staticmethod
+    @hookimpl
+    def gyremedia_register_rewards(register):
+        register("unreliable", lambda context: UnreliableReward(), kinds={"image"})
+
+
+def test_drop_policy_trains_on_the_other_samples_and_counts_the_dropped(make_config):
+    pm = PluginManager(extra_plugins=[UnreliablePlugin])
+    with pytest.raises(RewardError, match="'unreliable' failed at step 0"):
+        Trainer(make_config("rewards.0.name=unreliable", plugins=pm), pm).train()
+    config = make_config("rewards.0.name=unreliable", "rewards.0.on_failure=drop", "run.output_dir=" +
+                         str(make_config().core.run.output_dir) + "-drop", plugins=pm)
+    state = Trainer(config, pm).train()
+    metrics = train_steps(state.run_dir)
+    assert [m["reward/unreliable/dropped"] for m in metrics] == [2.0, 2.0]
+    assert all(torch.isfinite(torch.tensor(m["loss"])) for m in metrics)
+    advantages = state.rollout.advantages
+    assert advantages[1] == 0 and advantages[6] == 0  # dropped: no push either way
+    for group in (slice(0, 4), slice(4, 8)):  # the others are normalised among themselves
+        kept = [a for i, a in enumerate(advantages[group].tolist()) if a != 0]
+        assert len(kept) == 3 and abs(sum(kept)) < 1e-5
+
+
+class OverlapReward:
+    """Records the optimizer step at which each rollout was sampled, and proves overlap: scoring
+    a rollout waits until the next rollout has been sampled (it would time out if run serially)."""
+
+    kinds = {"image"}
+
+    def __init__(self, options, context):
+        self.sampled_at: list[int] = []
+        self.next_sampled = threading.Semaphore(0)
+        self.last_step = options.steps - 1
+
+    def __call__(self, media, prompts):
+        if len(prompts) == 8 and len(self.sampled_at) - 1 < self.last_step:
+            assert self.next_sampled.acquire(timeout=20), "the next rollout was not sampled during scoring"
+        return media.data.mean(dim=(1, 2, 3))
+
+    @hookimpl
+    def gyremedia_after_rollout(self, state, rollout):
+        self.sampled_at.append(state.step)
+        if len(self.sampled_at) > 1:
+            self.next_sampled.release()
+
+
+@dataclass
+class OverlapOptions:
+    steps: int = 3
+
+
+class OverlapPlugin:
+    @staticmethod
+    @hookimpl
+    def gyremedia_register_rewards(register):
+        register("overlap", OverlapReward, options=OverlapOptions, kinds={"image"})
+
+
+def test_async_scoring_samples_the_next_rollout_while_this_one_is_scored(make_config):
+    pm = PluginManager(extra_plugins=[OverlapPlugin])
+    config = make_config("rewards.0.name=overlap", "rollout.async_scoring=true", "train.steps=3", plugins=pm)
+    state = Trainer(config, pm).train()
+    # rollout k+1 is sampled before the update on rollout k: at optimizer steps 0, 0, 1 (serially 0, 1, 2)
+    assert state.rewards["overlap"].sampled_at == [0, 0, 1]
+    assert [m["step"] for m in train_steps(state.run_dir)] == [1, 2, 3]

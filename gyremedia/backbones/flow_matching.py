@@ -166,7 +166,10 @@ class FlowMatchingBackbone:
             pooled = torch.cat([negative_pooled, pooled])
         else:
             x_in = x
-        timestep = (sigma * 1000).to(x.dtype).expand(x_in.shape[0])
+        # sigma: one noise level for the batch, or one per sample (forward-process objectives)
+        timestep = (sigma * 1000).to(x.dtype).reshape(-1).expand(x.shape[0])
+        if guidance_scale > 1.0:
+            timestep = torch.cat([timestep, timestep])
         if reference:
             output = self._reference_forward(x_in, timestep, embeds, pooled)
         else:

@@ -1,10 +1,25 @@
-"""First-party rewards, registered through the ``gyremedia`` entry point like any third party's."""
+"""First-party rewards, registered through the ``gyremedia`` entry point like any third party's.
+
+Each module imports its heavy dependency (open_clip, pytesseract, ...) only when a run builds the
+reward, so listing plugins stays fast and a missing optional package fails only the run that needs it.
+"""
 
 from gyremedia import hookimpl
+from gyremedia_rewards.clip import ClipOptions, ClipScore, ClipSteering, ClipSteeringOptions
 from gyremedia_rewards.compressibility import JpegCompressibility, JpegOptions
+from gyremedia_rewards.ocr import OcrOptions, OcrReward
+from gyremedia_rewards.vlm_judge import VlmJudge, VlmJudgeOptions
 
 
 @hookimpl
 def gyremedia_register_rewards(register):
     register("jpeg_compressibility", JpegCompressibility, options=JpegOptions, kinds={"image"},
              description="DDPO's compressibility: minus the JPEG size of the image in kB")
+    register("clip_score", ClipScore, options=ClipOptions, kinds={"image"},
+             description="cosine similarity of image and prompt in open_clip's embedding")
+    register("clip_steering", ClipSteering, options=ClipSteeringOptions, kinds={"image"},
+             description="CLIP steering safety reward: the prompt's similarity moved toward positive, away from negative texts")
+    register("ocr", OcrReward, options=OcrOptions, kinds={"image"},
+             description="1 - normalised edit distance between the prompt's quoted text and Tesseract's reading")
+    register("vlm_judge", VlmJudge, options=VlmJudgeOptions, kinds={"image"},
+             description="a vision-language model behind an OpenAI-compatible server grades each image by a rubric")

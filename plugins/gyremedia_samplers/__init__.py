@@ -1,6 +1,8 @@
 """First-party samplers (transition kernels), registered through the ``gyremedia`` entry point."""
 
 from gyremedia import hookimpl
+from gyremedia_samplers.cps import CPSOptions, CPSSampler
+from gyremedia_samplers.dance_sde import DanceSDEOptions, DanceSDESampler
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
 from gyremedia_samplers.ode import EulerODESampler
 
@@ -9,5 +11,9 @@ from gyremedia_samplers.ode import EulerODESampler
 def gyremedia_register_samplers(register):
     register("flow_sde", FlowSDESampler, options=FlowSDEOptions, has_log_prob=True,
              description="Flow-GRPO's SDE step with the flow ODE's marginals; Gaussian log-prob per step")
+    register("cps", CPSSampler, options=CPSOptions, has_log_prob=True,
+             description="coefficients-preserving sampling: noise injected without leaving the flow's path")
+    register("dance_sde", DanceSDESampler, options=DanceSDEOptions, has_log_prob=True,
+             description="DanceGRPO's score-based SDE step; Gaussian log-prob per step")
     register("ode", EulerODESampler, has_log_prob=False,
              description="deterministic Euler step of the flow ODE (evaluation, forward-process objectives)")

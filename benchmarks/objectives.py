@@ -1,0 +1,169 @@
+"""Which objective learns the quickstart world fastest? NFEs and wall time to a target, per objective.
+
+    python benchmarks/objectives.py [--seeds 0 1 2] [--steps 120] [--eval-every 20] [--gain 10]
+
+Runs configs/quickstart.yaml once per (objective, seed) from the same base model, counting every
+transformer forward pass per sample (NFEs: sampling, training, old-policy and reference passes;
+evaluation excluded) and the wall time of the training steps (evaluation excluded). Held-out
+accuracy is measured every ``--eval-every`` steps on the quickstart's 256 fixed-seed samples.
+Prints, per objective (mean over seeds): NFEs and seconds to reach base + ``--gain`` points,
+accuracy at the baseline's NFE budget, and both as ratios against ``grpo`` + ``flow_sde`` measured
+in the same run; writes the curves to ``--out`` (JSON) and a plot beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from gyremedia.config import load_config, resolve_config
+from gyremedia.plugins import PluginManager
+from gyremedia.trainer import Trainer
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+#: objective name -> the overrides that select it (the baseline first).
+OBJECTIVES = {
+    "grpo": ["objective={name: grpo, clip_range: 0.005, timestep_fraction: 0.3}", "sampler={name: flow_sde, noise_level: 0.7}",
+             "train.learning_rate=2e-4"],
+    "nft": ["objective={name: nft}", "sampler={name: ode}", "train.learning_rate=1e-4"],
+    "awm": ["objective={name: awm}", "sampler={name: ode}", "train.learning_rate=1e-4"],
+}
+ACCURACY = "eval/shapes_verifier/correct"
+
+
+class CountingTrainer(Trainer):
+    """Counts transformer forward rows outside evaluation, and times the training steps."""
+
+    def setup(self):
+        state = super().setup()
+        self.nfe, self.counting, self.seconds = 0, True, 0.0
+        self.curve: list[dict] = []
+
+        def count(module, args, kwargs):
+            if self.counting:
+                self.nfe += kwargs["hidden_states"].shape[0]
+
+        state.backbone.trainable_module().register_forward_pre_hook(count, with_kwargs=True)
+        return state
+
+    def train_step(self, step):
+        start = time.perf_counter()
+        metrics = super().train_step(step)
+        self.seconds += time.perf_counter() - start
+        return metrics
+
+    def evaluate(self, step):
+        self.counting = False
+        try:
+            metrics = super().evaluate(step)
+        finally:
+            self.counting = True
+        self.curve.append({"step": step, "nfe": self.nfe, "seconds": self.seconds, "accuracy": metrics[ACCURACY],
+                           "diversity": metrics.get("eval/diversity")})
+        return metrics
+
+
+def run(objective: str, seed: int, steps: int, eval_every: int, out: Path) -> list[dict]:
+    pm = PluginManager()
+    overrides = [f"run.output_dir={out}", f"run.seed={seed}", f"train.steps={steps}", f"eval.every={eval_every}",
+                 "export.on_train_end=false", f"checkpoint.every={steps}", "logging.progress=false",
+                 *OBJECTIVES[objective]]
+    trainer = CountingTrainer(resolve_config(load_config(QUICKSTART, overrides), pm), pm)
+    trainer.train()
+    return trainer.curve
+
+
+def first_reaching(curve: list[dict], target: float, key: str) -> float | None:
+    """``key`` (nfe or seconds) at the first evaluation at or above ``target`` (None: never)."""
+    return next((point[key] for point in curve if point["accuracy"] >= target), None)
+
+
+def accuracy_at(curve: list[dict], budget: float) -> float:
+    """Held-out accuracy of the last evaluation within an NFE budget."""
+    return [p["accuracy"] for p in curve if p["nfe"] <= budget][-1]
+
+
+def mean(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else sum(values) / len(values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--gain", type=float, default=10.0, help="target: base accuracy + this many points")
+    parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/objectives.json"))
+    args = parser.parse_args()
+    curves: dict[str, list[list[dict]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for objective in args.objectives:
+            curves[objective] = [run(objective, seed, args.steps, args.eval_every, Path(tmp) / f"{objective}-{seed}")
+                                 for seed in args.seeds]
+    base = curves[args.objectives[0]][0][0]["accuracy"]
+    target = base + args.gain / 100
+    baseline = args.objectives[0]
+    budget = min(c[-1]["nfe"] for c in curves[baseline])
+    rows = {}
+    for objective, runs in curves.items():
+        rows[objective] = {
+            "nfe_to_target": mean([first_reaching(c, target, "nfe") for c in runs]),
+            "seconds_to_target": mean([first_reaching(c, target, "seconds") for c in runs]),
+            "reached": sum(first_reaching(c, target, "nfe") is not None for c in runs),
+            "accuracy_at_budget": sum(accuracy_at(c, budget) for c in runs) / len(runs),
+            "final_diversity": sum(c[-1]["diversity"] for c in runs) / len(runs),
+        }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"target": target, "base": base, "budget_nfe": budget, "rows": rows,
+                                    "curves": curves}, indent=1))
+    plot(curves, target, args.out.with_suffix(".png"))
+
+    print(f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads){'' if not torch.accelerator.is_available() else ', ' + str(torch.accelerator.current_accelerator())}")
+    print(f"quickstart world, seeds {args.seeds}, {args.steps} steps, eval every {args.eval_every}; base held-out "
+          f"accuracy {100 * base:.1f}%, target {100 * target:.1f}%, NFE budget {budget:,} (the baseline's whole run)")
+    ref = rows[baseline]
+    print("| objective | reached target | NFEs to target | vs grpo | seconds to target | vs grpo | accuracy at budget | diversity |")
+    print("|---|---|---|---|---|---|---|---|")
+    for objective, row in rows.items():
+        def ratio(key):
+            if row[key] is None or ref[key] is None:
+                return "n/a" if row[key] is None else f">= {budget / row[key]:.1f}x fewer" if key == "nfe_to_target" else "faster"
+            return f"{ref[key] / row[key]:.1f}x"
+        nfe = f"{row['nfe_to_target']:,.0f}" if row["nfe_to_target"] is not None else f"> {budget:,}"
+        sec = f"{row['seconds_to_target']:.0f} s" if row["seconds_to_target"] is not None else "not reached"
+        print(f"| {objective} | {row['reached']}/{len(args.seeds)} | {nfe} | {ratio('nfe_to_target')} | {sec} | "
+              f"{ratio('seconds_to_target')} | {100 * row['accuracy_at_budget']:.1f}% | {row['final_diversity']:.3f} |")
+    print(f"curves: {args.out}, plot: {args.out.with_suffix('.png')}")
+
+
+def plot(curves: dict[str, list[list[dict]]], target: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for objective, runs in curves.items():
+        for i, curve in enumerate(runs):
+            ax.plot([p["nfe"] for p in curve], [100 * p["accuracy"] for p in curve], marker="o", markersize=3,
+                    color=f"C{list(curves).index(objective)}", alpha=0.8, label=objective if i == 0 else None)
+    ax.axhline(100 * target, color="grey", linestyle="--", label="target")
+    ax.set_xlabel("transformer forward passes per run (NFEs, evaluation excluded)")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

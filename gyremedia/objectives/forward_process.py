@@ -1,0 +1,210 @@
+"""What the forward-process objectives (DiffusionNFT, AWM) share: re-noised samples and an old policy.
+
+They never replay the sampler: they take each rollout's final clean sample ``x0``, noise it again
+along the flow, ``x_t = (1 - t) x0 + t eps``, and train the velocity there, like pretraining does.
+So they work with any sampler (the ODE and higher-order solvers included) and need no log-probs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gyremedia import hookimpl
+from gyremedia.interfaces import LossOutput
+from gyremedia.rollout import Rollout
+from gyremedia.sampling import sample_generators
+
+#: Random stream of the forward-process noise (the rollout uses streams 0 and 1).
+FORWARD_NOISE = 2
+
+
+@dataclass
+class NoisedBatch:
+    """A rollout's clean samples re-noised at one level per sample."""
+
+    t: torch.Tensor  # [B] noise levels in (0, 1)
+    x0: torch.Tensor  # clean samples
+    noise: torch.Tensor
+    xt: torch.Tensor  # (1 - t) x0 + t noise
+
+    def broadcast(self, value: torch.Tensor) -> torch.Tensor:
+        """A ``[B]`` tensor shaped to multiply the states."""
+        return value.view(-1, *([1] * (self.x0.dim() - 1)))
+
+
+def stratified_levels(seed: int, step: int, micro_steps: int, sample_ids: list[int], low: float, high: float) -> np.ndarray:
+    """``[micro_steps, B]`` noise levels: each sample gets one level in each of ``micro_steps`` equal
+    strata of ``[low, high]`` (in a random order), so its micro-steps cover the whole range."""
+    levels = np.empty((micro_steps, len(sample_ids)))
+    edges = np.linspace(low, high, micro_steps + 1)
+    for column, sample_id in enumerate(sample_ids):
+        rng = np.random.default_rng([seed, step, FORWARD_NOISE, int(sample_id)])
+        order = rng.permutation(micro_steps)
+        levels[:, column] = edges[order] + rng.random(micro_steps) * (edges[1] - edges[0])
+    return levels
+
+
+def noised_batch(rollout: Rollout, levels: np.ndarray, seed: int, step: int, micro_step: int) -> NoisedBatch:
+    """Re-noise the rollout's final samples at ``levels [B]``, with noise that depends only on
+    ``(seed, step, micro_step, sample id)`` (the same on any number of processes)."""
+    x0 = rollout.final.float()
+    generators = sample_generators(seed, step, (FORWARD_NOISE, micro_step), rollout.sample_ids.tolist())
+    noise = torch.stack([torch.randn(x0.shape[1:], generator=g) for g in generators]).to(x0.device)
+    t = torch.as_tensor(levels, dtype=torch.float32, device=x0.device)
+    batch = NoisedBatch(t=t, x0=x0, noise=noise, xt=x0)
+    batch.xt = (1 - batch.broadcast(t)) * x0 + batch.broadcast(t) * noise
+    return batch
+
+
+class OldPolicy:
+    """An exponential moving average of the trained weights, swapped in to predict with it.
+
+    ``decay = 0`` keeps the weights that sampled the current rollout (updated after every step);
+    larger values lag further behind, a soft trust region (DiffusionNFT's old policy). Costs one
+    copy of the trainable weights (only the adapters under LoRA).
+    """
+
+    def __init__(self, decay: float) -> None:
+        if not 0 <= decay < 1:
+            raise ValueError("the old policy's decay must be in [0, 1)")
+        self.decay = decay
+        self.shadow: list[torch.Tensor] | None = None
+        self._loaded: dict[str, torch.Tensor] | None = None  # restored from a checkpoint, placed on first use
+
+    @staticmethod
+    def _params(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+        return [p for p in module.parameters() if p.requires_grad]
+
+    def ensure(self, module: torch.nn.Module) -> None:
+        """Start from the current weights (the first rollout's sampling policy), or a loaded state."""
+        if self.shadow is None:
+            self.shadow = [p.detach().clone() for p in self._params(module)]
+        elif self._loaded is not None:
+            self.shadow = [self._loaded[str(i)].to(p.device, p.dtype) for i, p in enumerate(self._params(module))]
+            self._loaded = None
+
+    @torch.no_grad()
+    def update(self, module: torch.nn.Module) -> None:
+        """After an optimizer step: ``shadow = decay * shadow + (1 - decay) * weights``."""
+        self.ensure(module)
+        for shadow, p in zip(self.shadow, self._params(module)):
+            shadow.lerp_(p.detach(), 1 - self.decay)
+
+    @contextlib.contextmanager
+    def swapped_in(self, module: torch.nn.Module) -> Iterator[None]:
+        """Within the block the module computes with the old weights (storage swapped, not copied)."""
+        self.ensure(module)
+        params = self._params(module)
+        current = [p.data for p in params]
+        try:
+            for p, shadow in zip(params, self.shadow):
+                p.data = shadow
+            yield
+        finally:
+            for p, data in zip(params, current):
+                p.data = data
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {str(i): t.cpu() for i, t in enumerate(self.shadow or [])}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if state:
+            self.shadow, self._loaded = [], dict(state)
+
+
+#: ELBO-style log-likelihood surrogates from a per-sample flow-matching error ``l`` at noise level ``t``.
+WEIGHTINGS = ("uniform", "t", "t2", "ghuber")
+
+
+def log_likelihood_surrogate(error: torch.Tensor, t: torch.Tensor, weighting: str, huber_power: float = 0.25) -> torch.Tensor:
+    """``log p ~ -w(t) * l`` (``uniform``: 1, ``t``, ``t2``: t^2), or the generalised-Huber form
+    ``-t * l^p / p`` (``ghuber``), which lets large errors pull less."""
+    if weighting == "uniform":
+        return -error
+    if weighting == "t":
+        return -t * error
+    if weighting == "t2":
+        return -t**2 * error
+    if weighting == "ghuber":
+        return -t * error.clamp(min=1e-12) ** huber_power / huber_power
+    raise ValueError(f"unknown timestep weighting {weighting!r}: expected one of {', '.join(WEIGHTINGS)}")
+
+
+@dataclass
+class ForwardProcessOptions:
+    """Options every forward-process objective shares."""
+
+    adv_clip_max: float = 5.0  # advantages are clipped to [-adv_clip_max, adv_clip_max]
+    old_policy_decay: float = 0.0  # EMA decay of the old policy per step; 0 = the policy that sampled
+    timesteps: int = 2  # re-noised levels per sample per step (one micro-step each, stratified)
+    t_min: float = 0.0  # noise levels are drawn in [t_min, t_max]
+    t_max: float = 1.0
+    kl_beta: float = 0.0  # weight of ||v - v_ref||^2 to the base (reference) policy
+
+
+class ForwardProcessObjective:
+    """Base of the objectives that train on re-noised clean samples against an EMA old policy.
+
+    Subclasses implement ``loss`` with :meth:`predictions` and :meth:`output`.
+    """
+
+    name = "forward_process"
+
+    def __init__(self, options: ForwardProcessOptions, context) -> None:
+        if options.adv_clip_max <= 0 or options.timesteps < 1:
+            raise ValueError(f"{self.name} needs adv_clip_max > 0 and timesteps >= 1")
+        if not 0 <= options.t_min < options.t_max <= 1:
+            raise ValueError(f"{self.name} needs 0 <= t_min < t_max <= 1")
+        self.options = options
+        self.seed = context.seed
+        self.old = OldPolicy(options.old_policy_decay)
+        self.needs_reference = options.kl_beta > 0
+        self._levels: tuple[int, np.ndarray] | None = None
+
+    def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
+        """One micro-step per re-noised level; each sample's levels are stratified over [t_min, t_max]."""
+        o = self.options
+        self._levels = (step, stratified_levels(self.seed, step, o.timesteps, rollout.sample_ids.tolist(), o.t_min, o.t_max))
+        return list(range(o.timesteps))
+
+    def predictions(self, ctx, rollout: Rollout, micro_step: int) -> tuple[NoisedBatch, torch.Tensor, torch.Tensor]:
+        """The re-noised batch of this micro-step, the policy's velocity on it and the old policy's."""
+        if rollout.advantages is None:
+            raise ValueError(f"{self.name} needs a rollout with advantages")
+        step, levels = self._levels
+        batch = noised_batch(rollout, levels[micro_step], self.seed, step, micro_step)
+        with torch.no_grad(), self.old.swapped_in(ctx.backbone.trainable_module()):
+            v_old = ctx.backbone.predict(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
+        v = ctx.backbone.predict(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
+        return batch, v, v_old
+
+    def clipped_advantages(self, rollout: Rollout) -> torch.Tensor:
+        return rollout.advantages.clamp(-self.options.adv_clip_max, self.options.adv_clip_max)
+
+    def output(self, ctx, rollout: Rollout, batch: NoisedBatch, v: torch.Tensor, policy_loss: torch.Tensor,
+               metrics: dict[str, torch.Tensor]) -> LossOutput:
+        """The micro-step's result: the policy loss plus ``kl_beta ||v - v_ref||^2`` (velocity-space KL
+        to the reference) if enabled, and the outputs regularizers read."""
+        metrics["policy_loss"] = policy_loss.detach()
+        loss = policy_loss
+        if self.options.kl_beta > 0:
+            v_ref = ctx.backbone.predict(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale, reference=True)
+            kl = (v - v_ref.float()).pow(2).mean()
+            metrics["kl"] = kl.detach()
+            loss = loss + self.options.kl_beta * kl
+        return LossOutput(loss=loss, metrics=metrics, outputs={"model_output": v, "sigma": batch.t, "state": batch.xt})
+
+    @hookimpl
+    def gyremedia_on_step_end(self, state, metrics) -> None:
+        self.old.update(state.backbone.trainable_module())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.old.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.old.load_state_dict(state)

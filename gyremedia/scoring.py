@@ -1,0 +1,150 @@
+"""Calling rewards: batching, coroutines, timeouts and the failure policy, for training and evaluation.
+
+A reward is ``reward(media, prompts) -> dict[str, Tensor[B]] | Tensor[B]`` (see
+:class:`gyremedia.interfaces.Reward`). It may declare ``batch_size`` (the core then calls it on
+chunks of at most that many samples) and may be a coroutine function (``async def __call__``; its
+chunks are awaited concurrently). In training each selected reward runs in its own worker thread,
+so slow rewards (a remote judge, OCR) score in parallel with each other and, with
+``rollout.async_scoring``, with the sampling of the next rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gyremedia.config import Selected
+from gyremedia.interfaces import reward_components
+from gyremedia.rollout import Media
+
+logger = logging.getLogger("gyremedia")
+
+
+class RewardError(RuntimeError):
+    """A reward raised, timed out, or returned a non-finite or malformed score."""
+
+
+class MalformedRewardOutput(ValueError):
+    """A reward returned the wrong keys or shapes: a bug in the reward, fatal under every policy."""
+
+
+def call_reward(reward: Any, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
+    """One reward's components for a batch, as float32 CPU tensors ``[B]`` (shapes checked)."""
+    size = int(getattr(reward, "batch_size", None) or len(prompts)) or 1
+    outputs = [reward(media.select(slice(begin, begin + size)), prompts[begin:begin + size])
+               for begin in range(0, len(prompts), size)]
+    pending = [i for i, out in enumerate(outputs) if inspect.isawaitable(out)]
+    if pending:
+        async def wait_all() -> list[Any]:
+            return await asyncio.gather(*(outputs[i] for i in pending))
+
+        for i, out in zip(pending, asyncio.run(wait_all())):
+            outputs[i] = out
+    parts = [reward_components(out) for out in outputs]
+    keys = set(parts[0])
+    if "score" not in keys:
+        raise MalformedRewardOutput(f"returned keys {sorted(keys)} without a 'score'")
+    if any(set(p) != keys for p in parts):
+        raise MalformedRewardOutput("returned different keys for different chunks of the batch")
+    components = {}
+    for key in parts[0]:
+        value = torch.cat([torch.as_tensor(p[key], dtype=torch.float32).detach().cpu().reshape(-1) for p in parts])
+        shapes = [tuple(torch.as_tensor(p[key]).shape) for p in parts]
+        if len(value) != len(prompts) or any(len(s) != 1 for s in shapes):
+            raise MalformedRewardOutput(f"'{key}' has shape {shapes[0] if len(shapes) == 1 else shapes}, expected ({len(prompts)},)")
+        components[key] = value
+    return components
+
+
+@dataclass
+class ScoredBatch:
+    """Every selected reward's components for one batch; ``dropped[name]`` marks dropped samples."""
+
+    components: dict[str, dict[str, torch.Tensor]]
+    dropped: dict[str, torch.Tensor]
+
+
+class Scorer:
+    """Runs the selected rewards on a batch in worker threads and applies each one's failure policy.
+
+    ``submit`` returns at once; ``collect`` waits (up to each reward's ``timeout``) and either
+    raises :class:`RewardError` (``on_failure: fail``) or marks the failed samples as dropped
+    (``on_failure: drop``: their score becomes NaN, which the advantages leave out).
+    """
+
+    def __init__(self, selected: list[Selected], rewards: dict[str, Any]) -> None:
+        self.selected = selected
+        self.rewards = rewards
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=max(len(self.selected), 1), thread_name_prefix="gyremedia-reward")
+
+    def may_drop(self, name: str) -> bool:
+        """Whether reward ``name`` drops failed samples (and so reports a dropped count)."""
+        return any(s.name == name and s.settings.on_failure == "drop" for s in self.selected)
+
+    def submit(self, media: Media, prompts: list[str]) -> dict[str, tuple[Future, float]]:
+        """Start every reward on the batch; returns their futures with their start times."""
+        return {s.name: (self._pool.submit(call_reward, self.rewards[s.name], media, prompts), time.monotonic())
+                for s in self.selected}
+
+    def collect(self, futures: dict[str, tuple[Future, float]], prompts: list[str], step: int) -> ScoredBatch:
+        """Wait for the futures of :meth:`submit` and apply the failure policies."""
+        components, dropped = {}, {}
+        for s in self.selected:
+            future, started = futures[s.name]
+            policy, timeout = s.settings.on_failure, s.settings.timeout
+            failed = torch.zeros(len(prompts), dtype=torch.bool)
+            try:
+                wait = max(timeout - (time.monotonic() - started), 0.0) if timeout else None
+                scores = future.result(timeout=wait)
+            except FutureTimeout:
+                # The hung call keeps its thread; later calls get a fresh pool instead of queueing behind it.
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = self._new_pool()
+                scores = self._failed(s.name, step, prompts, f"no answer within timeout={timeout} s", policy)
+                failed[:] = True
+            except MalformedRewardOutput as exc:  # a bug in the reward, never a flaky sample
+                raise reward_error(s.name, step, prompts, str(exc)) from exc
+            except Exception as exc:  # noqa: BLE001 - any reward failure is reported, by policy
+                scores = self._failed(s.name, step, prompts, f"{type(exc).__name__}: {exc}", policy, exc)
+                failed[:] = True
+            for key, value in scores.items():
+                # Only the score must be a number; a NaN component means "does not apply to this sample".
+                bad = ~torch.isfinite(value) if key == "score" else torch.isinf(value)
+                if bad.any() and (policy == "fail" or key != "score"):
+                    index = int(bad.nonzero()[0])
+                    raise reward_error(s.name, step, prompts, f"'{key}' is {value[index].item()}", index)
+                failed |= bad if key == "score" else torch.zeros_like(failed)
+            scores["score"] = scores["score"].masked_fill(failed, float("nan"))
+            if failed.any():
+                logger.warning("reward %r dropped %d of %d samples at step %d (first prompt %r)", s.name,
+                               int(failed.sum()), len(prompts), step, prompts[int(failed.nonzero()[0])])
+            components[s.name], dropped[s.name] = scores, failed
+        return ScoredBatch(components, dropped)
+
+    @staticmethod
+    def _failed(name: str, step: int, prompts: list[str], why: str, policy: str,
+                cause: BaseException | None = None) -> dict[str, torch.Tensor]:
+        """The whole call failed: raise, or return an all-NaN score to drop every sample."""
+        if policy == "fail":
+            raise reward_error(name, step, prompts, why) from cause
+        return {"score": torch.full((len(prompts),), float("nan"))}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def reward_error(name: str, step: int, prompts: list[str], why: str, index: int | None = None) -> RewardError:
+    """A :class:`RewardError` naming the reward, the step and the (first) prompt concerned."""
+    where = f" on prompt {prompts[index]!r}" if index is not None else f" on prompts {prompts[:4]}"
+    return RewardError(f"reward {name!r} failed at step {step}{where}: {why}")

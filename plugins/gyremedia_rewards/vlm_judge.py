@@ -1,0 +1,132 @@
+"""VLM-as-judge reward: an OpenAI-compatible chat-completions client (vLLM, SGLang, hosted APIs).
+
+Each image goes to ``{base_url}/chat/completions`` as a PNG data URL beside a rubric naming the
+prompt; the first number in the reply, divided by ``max_score``, is the score. Requests run
+``max_concurrency`` at a time; connection errors, timeouts, HTTP 429/5xx and unparseable replies
+are retried with exponential backoff. A sample whose retries run out gets a NaN score, which the
+reward's ``on_failure`` policy turns into a clear error (``fail``) or a dropped sample (``drop``).
+Start a judge with e.g. ``vllm serve Qwen/Qwen2.5-VL-7B-Instruct`` and point ``base_url`` at it.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import math
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from gyremedia.interfaces import BuildContext
+from gyremedia.rollout import Media
+
+logger = logging.getLogger("gyremedia")
+
+
+@dataclass
+class VlmJudgeOptions:
+    base_url: str = "http://127.0.0.1:8000/v1"  # the server's OpenAI-compatible root
+    model: str = "Qwen/Qwen2.5-VL-7B-Instruct"
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the key (keys never go in a yaml)
+    rubric: str = ("Does this image match the description: \"{prompt}\"? Rate it from 0 (not at all) to 10 "
+                   "(perfectly). Answer with the number only.")
+    score_pattern: str = r"-?\d+(?:\.\d+)?"  # the first match in the reply is the raw score
+    max_score: float = 10.0  # raw scores are divided by this
+    max_concurrency: int = 8  # requests in flight at once
+    request_timeout: float = 60.0  # seconds per request
+    max_retries: int = 3  # extra attempts after a failed or unparseable reply
+    backoff: float = 1.0  # seconds before the first retry, doubled after each
+    max_tokens: int = 16
+    temperature: float = 0.0
+
+
+class JudgeReplyError(RuntimeError):
+    """The server answered, but not with something the rubric's score can be read from."""
+
+
+def image_data_url(image: torch.Tensor) -> str:
+    """A ``[3, H, W]`` image in [0, 1] as a PNG data URL."""
+    pixels = (image.detach().cpu().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(pixels)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+class VlmJudge:
+    """Asks a vision-language model to grade each image against its prompt."""
+
+    kinds = {"image"}
+
+    def __init__(self, options: VlmJudgeOptions, context: BuildContext | None = None) -> None:
+        if "{prompt}" not in options.rubric:
+            raise ValueError("vlm_judge rubric must contain {prompt}, where the sample's prompt goes")
+        if options.max_score <= 0 or options.max_concurrency < 1 or options.max_retries < 0:
+            raise ValueError("vlm_judge needs max_score > 0, max_concurrency >= 1 and max_retries >= 0")
+        self.options = options
+        self.pattern = re.compile(options.score_pattern)
+        self.url = options.base_url.rstrip("/") + "/chat/completions"
+        self.api_key = os.environ.get(options.api_key_env, "")
+
+    def _request(self, prompt: str, data_url: str) -> str:
+        body = {
+            "model": self.options.model,
+            "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": data_url}},
+                {"type": "text", "text": self.options.rubric.format(prompt=prompt)},
+            ]}],
+            "max_tokens": self.options.max_tokens,
+            "temperature": self.options.temperature,
+        }
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.url, json.dumps(body).encode(), headers, method="POST")
+        with urllib.request.urlopen(request, timeout=self.options.request_timeout) as response:
+            reply = json.loads(response.read())
+        try:
+            return reply["choices"][0]["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError) as exc:
+            raise JudgeReplyError(f"no choices[0].message.content in the reply {str(reply)[:200]!r}") from exc
+
+    def parse(self, text: str) -> float:
+        """The reply's score in [0, 1]; raises :class:`JudgeReplyError` when there is none."""
+        match = self.pattern.search(text)
+        if match is None:
+            raise JudgeReplyError(f"no score in the reply {text[:200]!r}")
+        return min(max(float(match.group(0)) / self.options.max_score, 0.0), 1.0)
+
+    def judge(self, prompt: str, data_url: str) -> float:
+        """One sample's score, retried with backoff; NaN when every attempt failed."""
+        delay, problem = self.options.backoff, ""
+        for attempt in range(self.options.max_retries + 1):
+            if attempt:
+                time.sleep(delay)
+                delay *= 2
+            try:
+                return self.parse(self._request(prompt, data_url))
+            except urllib.error.HTTPError as exc:
+                if exc.code != 429 and exc.code < 500:  # the request itself is wrong: retrying cannot help
+                    raise RuntimeError(f"judge at {self.url} refused the request: HTTP {exc.code} "
+                                       f"{exc.read()[:200]!r}") from exc
+                problem = f"HTTP {exc.code}"
+            except (urllib.error.URLError, TimeoutError, ConnectionError, JudgeReplyError, json.JSONDecodeError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+        logger.warning("vlm_judge gave up on prompt %r after %d attempts: %s", prompt,
+                       self.options.max_retries + 1, problem)
+        return math.nan
+
+    def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
+        urls = [image_data_url(image) for image in media.data]
+        with ThreadPoolExecutor(max_workers=self.options.max_concurrency) as pool:
+            scores = list(pool.map(self.judge, prompts, urls))
+        return {"score": torch.tensor(scores, dtype=torch.float32)}

@@ -1,0 +1,47 @@
+"""DanceGRPO's SDE step for rectified-flow models.
+
+With ``x0^ = x - sigma v`` the score of the noised data is ``-(x - (1 - sigma) x0^) / sigma^2``; one
+Euler-Maruyama step of the reverse SDE with diffusion ``eta`` is
+
+    x' = x + dt v - eta^2 / 2 dt score + eta sqrt(-dt) eps          (dt = sigma' - sigma < 0)
+
+Gaussian, so its log-density is exact (averaged over dimensions, as Flow-SDE's).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from gyremedia.interfaces import Transition
+from gyremedia_samplers.gaussian import gaussian_log_prob
+
+
+@dataclass
+class DanceSDEOptions:
+    eta: float = 0.3  # diffusion strength (DanceGRPO uses 0.3 for FLUX)
+
+
+class DanceSDESampler:
+    """One DanceGRPO SDE step with its Gaussian log-prob."""
+
+    has_log_prob = True
+
+    def __init__(self, options: DanceSDEOptions, context=None) -> None:
+        if options.eta <= 0:
+            raise ValueError("sampler.eta must be > 0 for dance_sde (use the ode sampler for none)")
+        self.eta = options.eta
+
+    def step(self, x, model_output, sigmas, index, *, noise=None, next_state=None) -> Transition:
+        sigma, sigma_next = sigmas[index].float(), sigmas[index + 1].float()
+        x32, v = x.float(), model_output.float()
+        dt = sigma_next - sigma
+        clean = x32 - sigma * v
+        score = -(x32 - (1 - sigma) * clean) / sigma**2
+        mean = x32 + dt * v - 0.5 * self.eta**2 * dt * score
+        std = self.eta * torch.sqrt(-dt)
+        if next_state is None:
+            if noise is None:
+                raise ValueError("dance_sde needs noise to sample a step")
+            next_state = (mean + std * noise.float()).to(x.dtype)
+        log_prob = gaussian_log_prob(next_state.detach(), mean, std.expand_as(mean))
+        return Transition(next_state=next_state, mean=mean, std=std, log_prob=log_prob)

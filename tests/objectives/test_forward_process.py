@@ -1,0 +1,124 @@
+"""Forward-process objectives (DiffusionNFT, AWM): their losses reduce to flow matching where the
+papers say, on-policy ratios are 1, the old policy is an EMA that survives a resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gyremedia.cli import main
+from gyremedia.objectives.awm import awm_loss
+from gyremedia.objectives.forward_process import OldPolicy, log_likelihood_surrogate, stratified_levels
+from gyremedia.objectives.nft import nft_loss
+from gyremedia.plugins import PluginManager
+from gyremedia.trainer import Trainer
+
+
+def toy(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x0, eps = torch.randn(4, 3, 5, generator=g), torch.randn(4, 3, 5, generator=g)
+    t = torch.rand(4, generator=g).view(4, 1, 1)
+    v = torch.randn(4, 3, 5, generator=g).requires_grad_(True)
+    return x0, eps, t, (1 - t) * x0 + t * eps, v
+
+
+def test_nft_with_r_one_and_beta_one_is_weighted_flow_matching():
+    x0, eps, t, xt, v = toy()
+    loss = nft_loss(v, torch.randn_like(v), xt, x0, t, torch.ones(4), beta=1.0, adv_max=5.0)
+    # x_t - t v - x0 = t (eps - x0 - v): the flow-matching error, scaled by t
+    error = t * ((eps - x0) - v)
+    weight = error.detach().abs().mean(dim=(1, 2))
+    expected = 5.0 * (error**2).mean(dim=(1, 2)) / weight
+    torch.testing.assert_close(loss, expected)
+    grad, = torch.autograd.grad(loss.sum(), v)
+    expected_grad, = torch.autograd.grad(expected.sum(), v)
+    torch.testing.assert_close(grad, expected_grad)
+
+
+def test_nft_at_the_old_policy_pushes_by_the_advantage_sign():
+    x0, eps, t, xt, v = toy(1)
+    fm_grad, = torch.autograd.grad((((xt - t * v) - x0) ** 2).sum(), v)
+    for r, sign in ((0.5, 0.0), (0.9, 1.0), (0.1, -1.0)):
+        grad, = torch.autograd.grad(nft_loss(v, v.detach(), xt, x0, t, torch.full((4,), r), 1.0, 5.0).sum(), v)
+        if sign == 0:
+            assert grad.abs().max() < 1e-6  # a sample as good as its group: no push
+        else:  # better than the group: along each sample's flow-matching gradient; worse: against it
+            cosine = torch.nn.functional.cosine_similarity(grad.flatten(1), fm_grad.flatten(1), dim=1)
+            torch.testing.assert_close(cosine, torch.full((4,), sign), atol=1e-4, rtol=0)
+
+
+def test_awm_on_policy_gradient_is_the_advantage_weighted_flow_matching_gradient():
+    x0, eps, t, xt, v = toy(2)
+    advantages = torch.tensor([1.0, -0.5, 2.0, 0.0])
+    error = (v - (eps - x0)).pow(2).mean(dim=(1, 2))
+    log_p = log_likelihood_surrogate(error, t.view(-1), "uniform")
+    loss = awm_loss(log_p, log_p.detach(), advantages, clip_range=0.0)
+    torch.testing.assert_close(loss, -advantages)  # ratio exactly 1 on-policy
+    grad, = torch.autograd.grad(loss.sum(), v, retain_graph=True)
+    expected, = torch.autograd.grad((advantages * error).sum(), v, retain_graph=True)
+    torch.testing.assert_close(grad, expected)
+    # with A = 1 it is exactly the flow-matching gradient
+    grad, = torch.autograd.grad(awm_loss(log_p, log_p.detach(), torch.ones(4), 0.0).sum(), v, retain_graph=True)
+    torch.testing.assert_close(grad, torch.autograd.grad(error.sum(), v)[0])
+
+
+def test_weightings():
+    error, t = torch.tensor([4.0, 1.0]), torch.tensor([0.5, 0.25])
+    torch.testing.assert_close(log_likelihood_surrogate(error, t, "t"), -t * error)
+    torch.testing.assert_close(log_likelihood_surrogate(error, t, "t2"), -t**2 * error)
+    torch.testing.assert_close(log_likelihood_surrogate(error, t, "ghuber", 0.5), -t * error.sqrt() / 0.5)
+    with pytest.raises(ValueError, match="unknown timestep weighting"):
+        log_likelihood_surrogate(error, t, "cosine")
+
+
+def test_levels_are_stratified_and_do_not_depend_on_the_batch_split():
+    levels = stratified_levels(0, 3, 4, [0, 1, 2, 3, 4, 5, 6, 7], 0.0, 1.0)
+    for column in levels.T:  # one level in each quarter of [0, 1]
+        assert sorted((column * 4).astype(int).tolist()) == [0, 1, 2, 3]
+    assert (stratified_levels(0, 3, 4, [5, 6], 0.0, 1.0) == levels[:, 5:7]).all()
+
+
+def test_old_policy_is_an_ema_that_swaps_in_without_copies():
+    module = torch.nn.Linear(2, 2)
+    old = OldPolicy(decay=0.5)
+    old.ensure(module)
+    start = module.weight.detach().clone()
+    with torch.no_grad():
+        module.weight.add_(2.0)
+    old.update(module)
+    with old.swapped_in(module):
+        torch.testing.assert_close(module.weight.detach(), start + 1.0)  # halfway
+    torch.testing.assert_close(module.weight.detach(), start + 2.0)  # restored
+    restored = OldPolicy(decay=0.5)
+    restored.load_state_dict(old.state_dict())
+    with restored.swapped_in(module):
+        torch.testing.assert_close(module.weight.detach(), start + 1.0)
+
+
+@pytest.mark.parametrize("objective", ["nft", "awm"])
+def test_trains_with_the_ode_sampler_and_on_policy_ratio_is_one(make_config, objective):
+    config = make_config(f"objective={{name: {objective}}}", "sampler={name: ode}", "train.steps=2")
+    state = Trainer(config, PluginManager()).train()
+    metrics = state.last_metrics
+    assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["grad_norm"] > 0
+    if objective == "awm":
+        assert metrics["ratio"] == 1.0  # old policy (decay 0) == the policy that sampled
+    else:
+        assert metrics["old_policy_gap"] == 0.0
+
+
+def test_resume_restores_the_old_policy(tiny_yaml, tmp_path):
+    common = ["objective={name: nft, old_policy_decay: 0.5}", "sampler={name: ode}", "checkpoint.every=2"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(["train", str(tiny_yaml), f"run.output_dir={straight}", "train.steps=3", *common]) == 0
+    assert main(["train", str(tiny_yaml), f"run.output_dir={split}", "train.steps=2", *common]) == 0
+    assert main(["train", "--resume", str(split), "train.steps=3"]) == 0
+
+    def last(run):
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return {k: v for k, v in rows[-1].items() if not k.startswith("time/")}
+
+    assert last(split)["old_policy_gap"] > 0  # a lagging old policy, so the test can see a lost one
+    assert last(split) == last(straight)

@@ -1,0 +1,54 @@
+"""OCR reward with the real Tesseract engine on words rendered by PIL."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+from gyremedia.rollout import Media
+from gyremedia_rewards.ocr import OcrOptions, OcrReward, edit_distance, quoted_text, text_similarity
+
+
+def rendered(*words: str) -> Media:
+    font = ImageFont.load_default(size=28)
+    pictures = []
+    for word in words:
+        picture = Image.new("RGB", (256, 48), "white")
+        ImageDraw.Draw(picture).text((8, 6), word, fill="black", font=font)
+        pictures.append(torch.from_numpy(np.array(picture)).permute(2, 0, 1).float() / 255)
+    return Media("image", torch.stack(pictures))
+
+
+def test_text_helpers():
+    assert quoted_text('a neon sign that says "OPEN late" on a wall') == "OPEN late"
+    assert quoted_text("a mug reading “coffee” and 'tea'") == "coffee tea"
+    with pytest.raises(ValueError, match="quotes no text"):
+        quoted_text("a sign")
+    assert edit_distance("kitten", "sitting") == 3 and edit_distance("", "abc") == 3
+    assert text_similarity("Hello", "hello") == 1.0 and text_similarity("Hello", "hello", case_sensitive=True) == 0.8
+    assert text_similarity("abc", "completely different") == 0.0
+
+
+@pytest.fixture(scope="module")
+def ocr() -> OcrReward:
+    pytest.importorskip("pytesseract")
+    return OcrReward(OcrOptions())
+
+
+def test_reads_the_right_word_and_scores_a_wrong_one_lower(ocr):
+    media = rendered("gyremedia", "gyremedia", "flow matching", "sunset")
+    prompts = ['a sign that says "gyremedia"', 'a sign that says "diffusion"',
+               'a poster reading "flow matching"', 'a card with "sunrise"']
+    scores = ocr(media, prompts)
+    assert scores["score"][0] == 1.0 and scores["exact"][0] == 1.0
+    assert scores["score"][2] == 1.0
+    assert scores["score"][1] < 0.5  # "gyremedia" read where "diffusion" was asked
+    assert 0.5 < scores["score"][3] < 1.0  # "sunset" vs "sunrise": close but not exact
+    assert scores["exact"][3] == 0.0
+
+
+def test_a_blank_image_scores_low(ocr):
+    # Tesseract may hallucinate a glyph or two on a blank page, never the asked word
+    assert ocr(Media("image", torch.ones(1, 3, 48, 256)), ['"hello"'])["score"].item() < 0.5

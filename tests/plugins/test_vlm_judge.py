@@ -1,0 +1,95 @@
+"""The VLM judge client against a real HTTP server process on loopback (tests/plugins/judge_server.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from gyremedia.config import RewardSettings, Selected
+from gyremedia.rollout import Media
+from gyremedia.scoring import RewardError, Scorer
+from gyremedia_rewards.vlm_judge import VlmJudge, VlmJudgeOptions
+
+
+@pytest.fixture(scope="module")
+def server():
+    process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("judge_server.py"))],
+                               stdout=subprocess.PIPE, text=True)
+    port = int(process.stdout.readline())
+    yield f"http://127.0.0.1:{port}"
+    process.kill()
+    process.wait()
+
+
+def stats(server: str) -> dict:
+    with urllib.request.urlopen(server + "/stats") as response:
+        return json.loads(response.read())
+
+
+def judge(server: str, **options) -> VlmJudge:
+    defaults = {"base_url": server + "/v1", "model": "test-judge", "backoff": 0.05, "request_timeout": 1.0}
+    return VlmJudge(VlmJudgeOptions(**{**defaults, **options}))
+
+
+def grey(*levels: float) -> Media:
+    return Media("image", torch.tensor(levels).view(-1, 1, 1, 1).expand(-1, 3, 8, 8).clone())
+
+
+def test_scores_follow_the_judges_grades_and_respect_the_concurrency_limit(server):
+    levels = [0.0, 0.2, 0.5, 0.8, 1.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]
+    before = stats(server)["requests"]
+    scores = judge(server, max_concurrency=3)(grey(*levels), [f"sample {i}" for i in range(12)])["score"]
+    torch.testing.assert_close(scores, torch.tensor(levels), atol=0.011, rtol=0)
+    after = stats(server)
+    assert after["requests"] - before == 12
+    assert 2 <= after["max_in_flight"] <= 3
+
+
+def test_server_errors_and_rate_limits_are_retried(server):
+    scores = judge(server)(grey(0.3, 0.6), ["a flaky one", "a busy one"])["score"]
+    torch.testing.assert_close(scores, torch.tensor([0.3, 0.6]), atol=0.011, rtol=0)
+
+
+def test_unparseable_and_slow_replies_become_nan_after_retries(server):
+    start = time.perf_counter()
+    scores = judge(server, max_retries=1, request_timeout=0.5)(grey(0.5, 0.5, 0.5),
+                                                               ["garbage reply", "a slow judge", "fine"])["score"]
+    assert scores[0].isnan() and scores[1].isnan() and scores[2] == pytest.approx(0.5, abs=0.011)
+    assert time.perf_counter() - start < 3  # two timed-out attempts, not the server's 3 s sleeps
+
+
+def test_failure_policy_decides_what_a_bad_reply_does(server):
+    reward = judge(server, max_retries=0)
+    prompts = ["fine", "garbage again"]
+    for policy in ("fail", "drop"):
+        scorer = Scorer([Selected("reward", "vlm_judge", None, RewardSettings(on_failure=policy))], {"vlm_judge": reward})
+        futures = scorer.submit(grey(0.4, 0.4), prompts)
+        if policy == "fail":
+            with pytest.raises(RewardError, match="on prompt 'garbage again': 'score' is nan"):
+                scorer.collect(futures, prompts, step=3)
+        else:
+            scored = scorer.collect(futures, prompts, step=3)
+            assert scored.dropped["vlm_judge"].tolist() == [False, True]
+        scorer.close()
+
+
+def test_a_refused_request_is_not_retried_and_says_why(server):
+    with pytest.raises(RuntimeError, match="refused the request: HTTP 400"):
+        judge(server)(grey(0.5), ["badrequest"])
+
+
+def test_unreachable_server_gives_nan_not_zero():
+    reward = VlmJudge(VlmJudgeOptions(base_url="http://127.0.0.1:9/v1", max_retries=1, backoff=0.01, request_timeout=0.5))
+    assert reward(grey(0.5), ["anything"])["score"].isnan().all()
+
+
+def test_rubric_must_name_the_prompt():
+    with pytest.raises(ValueError, match="must contain \\{prompt\\}"):
+        VlmJudge(VlmJudgeOptions(rubric="Rate this image."))
