@@ -32,6 +32,11 @@ QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 OBJECTIVES = {
     "grpo": ["objective={name: grpo, clip_range: 0.005, timestep_fraction: 0.3}", "sampler={name: flow_sde, noise_level: 0.7}",
              "train.learning_rate=2e-4"],
+    "grpo_cps": ["objective={name: grpo, clip_range: 0.005, timestep_fraction: 0.3}", "sampler={name: cps, noise_level: 0.8}",
+                 "train.learning_rate=2e-4"],
+    "tree_grpo_cps": ["objective={name: tree_grpo, clip_range: 0.005, timestep_fraction: 0.3}",
+                      "sampler={name: cps, noise_level: 0.8}", "rollout.branch_steps=[0, 3, 6]", "rollout.branch_width=2",
+                      "train.learning_rate=2e-4"],
     "nft": ["objective={name: nft}", "sampler={name: ode}", "train.learning_rate=1e-4"],
     "awm": ["objective={name: awm}", "sampler={name: ode}", "train.learning_rate=1e-4"],
 }
@@ -97,8 +102,8 @@ def mean(values: list[float | None]) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--gain", type=float, default=10.0, help="target: base accuracy + this many points")
     parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/objectives.json"))

@@ -59,6 +59,10 @@ class RolloutSection:
     # Score rollout k in worker threads while rollout k+1 is sampled. Each rollout is then trained
     # one optimizer step after the policy that sampled it (the ratio objectives' clip covers that).
     async_scoring: bool = False
+    # Tree rollouts (TreeGRPO): a group's samples share one trajectory and split into `branch_width`
+    # children at each of these step indices; group_size must be branch_width ** len(branch_steps).
+    branch_steps: list[int] = field(default_factory=list)
+    branch_width: int = 2
 
 
 @dataclass
@@ -399,6 +403,18 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any]) -> list[str]:
         )
     if r.num_steps < 1:
         errors.append(f"rollout.num_steps={r.num_steps}: set rollout.num_steps>=1")
+    if r.branch_steps:
+        leaves = r.branch_width ** len(r.branch_steps)
+        if sorted(set(r.branch_steps)) != list(r.branch_steps) or not all(0 <= b < r.num_steps for b in r.branch_steps):
+            errors.append(f"rollout.branch_steps={list(r.branch_steps)}: use increasing step indices in [0, {r.num_steps})")
+        elif r.branch_width < 2:
+            errors.append("rollout.branch_width must be >= 2")
+        elif r.group_size != leaves:
+            errors.append(f"rollout.group_size={r.group_size}: a tree with {len(r.branch_steps)} branch steps of width "
+                          f"{r.branch_width} has {leaves} leaves: set rollout.group_size={leaves}")
+        sampler = selected.get("sampler")
+        if sampler is not None and not sampler.meta.get("has_log_prob"):
+            errors.append(f"rollout.branch_steps needs a stochastic sampler to branch; {sampler.name!r} is deterministic")
     if core.advantage.std not in ("group", "global", "none"):
         errors.append(f"advantage.std={core.advantage.std!r}: allowed values are group, global, none")
     if core.advantage.combine not in ("sum", "normalize_each"):

@@ -108,8 +108,9 @@ class Scorer:
                 wait = max(timeout - (time.monotonic() - started), 0.0) if timeout else None
                 scores = future.result(timeout=wait)
             except FutureTimeout:
-                # The hung call keeps its thread; later calls get a fresh pool instead of queueing behind it.
-                self._pool.shutdown(wait=False, cancel_futures=True)
+                # The hung call keeps its thread; later calls get a fresh pool instead of queueing behind it
+                # (the other rewards' calls, already running in the old pool, finish there).
+                self._pool.shutdown(wait=False)
                 self._pool = self._new_pool()
                 scores = self._failed(s.name, step, prompts, f"no answer within timeout={timeout} s", policy)
                 failed[:] = True
@@ -124,7 +125,8 @@ class Scorer:
                 if bad.any() and (policy == "fail" or key != "score"):
                     index = int(bad.nonzero()[0])
                     raise reward_error(s.name, step, prompts, f"'{key}' is {value[index].item()}", index)
-                failed |= bad if key == "score" else torch.zeros_like(failed)
+                if key == "score":
+                    failed |= bad
             scores["score"] = scores["score"].masked_fill(failed, float("nan"))
             if failed.any():
                 logger.warning("reward %r dropped %d of %d samples at step %d (first prompt %r)", s.name,

@@ -30,6 +30,7 @@ from gyremedia.rollout import Rollout
 from gyremedia.runs import EXPORT_DIR, RESOLVED_CONFIG
 from gyremedia.scoring import RewardError, Scorer, reward_error  # noqa: F401 - RewardError is part of the API
 from gyremedia.sampling import INITIAL_NOISE, STEP_NOISE, sample_generators, sample_trajectories
+from gyremedia.tree import sample_trees
 
 logger = logging.getLogger("gyremedia")
 
@@ -77,6 +78,12 @@ def check_process_layout(config: ResolvedConfig, num_processes: int) -> None:
     if per_rank % train.num_minibatches:
         raise ConfigError(
             f"each process holds {per_rank} samples, not divisible by train.num_minibatches={train.num_minibatches}"
+        )
+    if rollout.branch_steps and (per_rank // train.num_minibatches) % rollout.group_size:
+        raise ConfigError(
+            f"tree rollouts keep each group whole in one minibatch on one process: make rollout.batch_size / "
+            f"(processes x train.num_minibatches) = {per_rank // train.num_minibatches} a multiple of "
+            f"rollout.group_size={rollout.group_size}"
         )
 
 
@@ -192,17 +199,28 @@ class Trainer:
         prompts = [group_prompts[g] for g in group_ids.tolist()]
         noise_ids = group_ids if r.same_noise_in_group else sample_ids
         chunk = per_rank // self.core.train.num_minibatches
-        parts = []
+        parts, ancestors, forward_rows = [], [], 0
         state.backbone.trainable_module().eval()
         for begin in range(0, per_rank, chunk):
             span = slice(begin, begin + chunk)
             conditions = state.backbone.encode(prompts[span])
-            states, log_probs, sigmas = sample_trajectories(
-                state.backbone, state.sampler, conditions,
-                initial_generators=sample_generators(self.core.run.seed, step, INITIAL_NOISE, noise_ids[span].tolist()),
-                step_generators=sample_generators(self.core.run.seed, step, STEP_NOISE, sample_ids[span].tolist()),
-                num_steps=r.num_steps, guidance_scale=r.guidance_scale,
-            )
+            if r.branch_steps:
+                trees = group_ids[span][::r.group_size]
+                tree = sample_trees(
+                    state.backbone, state.sampler, state.backbone.encode([group_prompts[g] for g in trees.tolist()]),
+                    group_ids=trees.tolist(), seed=self.core.run.seed, step=step, branch_steps=list(r.branch_steps),
+                    width=r.branch_width, num_steps=r.num_steps, guidance_scale=r.guidance_scale)
+                states, log_probs, sigmas = tree.states, tree.log_probs, tree.sigmas
+                # node ids unique across chunks: offset by the nodes of earlier chunks at each level
+                ancestors.append(tree.ancestors + (ancestors[-1].max(dim=0).values + 1 if ancestors else 0))
+                forward_rows += tree.forward_rows
+            else:
+                states, log_probs, sigmas = sample_trajectories(
+                    state.backbone, state.sampler, conditions,
+                    initial_generators=sample_generators(self.core.run.seed, step, INITIAL_NOISE, noise_ids[span].tolist()),
+                    step_generators=sample_generators(self.core.run.seed, step, STEP_NOISE, sample_ids[span].tolist()),
+                    num_steps=r.num_steps, guidance_scale=r.guidance_scale,
+                )
             parts.append((conditions, states, log_probs))
         return Rollout(
             prompts=prompts,
@@ -212,6 +230,9 @@ class Trainer:
             states=torch.cat([p[1] for p in parts]),
             log_probs=torch.cat([p[2] for p in parts]) if parts[0][2] is not None else None,
             sigmas=sigmas,
+            # the tree structure, and the share of a flat rollout's model evaluations it needed
+            extras={"tree_ancestors": torch.cat(ancestors), "forward_fraction": forward_rows / (per_rank * r.num_steps)}
+            if ancestors else {},
         )
 
     def start_scoring(self, rollout: Rollout) -> dict[str, Any]:
@@ -312,6 +333,8 @@ class Trainer:
         start = time.perf_counter()
         metrics = self.score(rollout, step, futures)
         metrics.update(self.compute_advantages(rollout))
+        if "forward_fraction" in rollout.extras:  # tree rollouts: model evaluations vs a flat rollout's
+            metrics["rollout/forward_fraction"] = rollout.extras["forward_fraction"]
         times["time/reward"] = time.perf_counter() - start
         start = time.perf_counter()
         metrics.update(self.optimize(rollout, step))

@@ -72,7 +72,23 @@ class AWMObjective(ForwardProcessObjective):
         return self.output(ctx, rollout, batch, v, policy_loss, metrics)
 
 
+@dataclass
+class VGRPOOptions(AWMOptions):
+    clip_range: float = 0.01  # PPO clip of the ELBO ratio (our default, tuned on nothing yet)
+    shared_in_group: bool = True  # same noise levels and noise for a group's members
+    weighting: str = "uniform"
+
+
+class VGRPOObjective(AWMObjective):
+    """V-GRPO: the clipped GRPO ratio of ELBO surrogates, with the noise shared within each group and
+    stratified noise levels (its variance reduction). AWM's machinery with V-GRPO's defaults."""
+
+    name = "vgrpo"
+
+
 @hookimpl
 def gyremedia_register_objectives(register):
     register("awm", AWMObjective, options=AWMOptions, requires_log_prob=False,
              description="advantage-weighted matching: the flow-matching loss weighted by the advantage; any sampler")
+    register("vgrpo", VGRPOObjective, options=VGRPOOptions, requires_log_prob=False,
+             description="V-GRPO: clipped GRPO ratio of ELBO surrogates, noise shared within groups; any sampler")

@@ -37,23 +37,25 @@ class NoisedBatch:
         return value.view(-1, *([1] * (self.x0.dim() - 1)))
 
 
-def stratified_levels(seed: int, step: int, micro_steps: int, sample_ids: list[int], low: float, high: float) -> np.ndarray:
+def stratified_levels(seed: int, step: int, micro_steps: int, keys: list[int], low: float, high: float) -> np.ndarray:
     """``[micro_steps, B]`` noise levels: each sample gets one level in each of ``micro_steps`` equal
-    strata of ``[low, high]`` (in a random order), so its micro-steps cover the whole range."""
-    levels = np.empty((micro_steps, len(sample_ids)))
+    strata of ``[low, high]`` (in a random order), so its micro-steps cover the whole range. Levels
+    depend on the sample's key only (its sample id, or its group id to share them within a group)."""
+    levels = np.empty((micro_steps, len(keys)))
     edges = np.linspace(low, high, micro_steps + 1)
-    for column, sample_id in enumerate(sample_ids):
-        rng = np.random.default_rng([seed, step, FORWARD_NOISE, int(sample_id)])
+    for column, key in enumerate(keys):
+        rng = np.random.default_rng([seed, step, FORWARD_NOISE, int(key)])
         order = rng.permutation(micro_steps)
         levels[:, column] = edges[order] + rng.random(micro_steps) * (edges[1] - edges[0])
     return levels
 
 
-def noised_batch(rollout: Rollout, levels: np.ndarray, seed: int, step: int, micro_step: int) -> NoisedBatch:
+def noised_batch(rollout: Rollout, levels: np.ndarray, seed: int, step: int, micro_step: int,
+                 keys: list[int]) -> NoisedBatch:
     """Re-noise the rollout's final samples at ``levels [B]``, with noise that depends only on
-    ``(seed, step, micro_step, sample id)`` (the same on any number of processes)."""
+    ``(seed, step, micro_step, key)`` (the same on any number of processes)."""
     x0 = rollout.final.float()
-    generators = sample_generators(seed, step, (FORWARD_NOISE, micro_step), rollout.sample_ids.tolist())
+    generators = sample_generators(seed, step, (FORWARD_NOISE, micro_step), keys)
     noise = torch.stack([torch.randn(x0.shape[1:], generator=g) for g in generators]).to(x0.device)
     t = torch.as_tensor(levels, dtype=torch.float32, device=x0.device)
     batch = NoisedBatch(t=t, x0=x0, noise=noise, xt=x0)
@@ -145,6 +147,9 @@ class ForwardProcessOptions:
     t_min: float = 0.0  # noise levels are drawn in [t_min, t_max]
     t_max: float = 1.0
     kl_beta: float = 0.0  # weight of ||v - v_ref||^2 to the base (reference) policy
+    # The members of a group get the same noise levels and noise (V-GRPO's variance reduction: their
+    # losses then differ by the samples alone).
+    shared_in_group: bool = False
 
 
 class ForwardProcessObjective:
@@ -169,7 +174,7 @@ class ForwardProcessObjective:
     def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
         """One micro-step per re-noised level; each sample's levels are stratified over [t_min, t_max]."""
         o = self.options
-        self._levels = (step, stratified_levels(self.seed, step, o.timesteps, rollout.sample_ids.tolist(), o.t_min, o.t_max))
+        self._levels = (step, stratified_levels(self.seed, step, o.timesteps, self._keys(rollout), o.t_min, o.t_max))
         return list(range(o.timesteps))
 
     def predictions(self, ctx, rollout: Rollout, micro_step: int) -> tuple[NoisedBatch, torch.Tensor, torch.Tensor]:
@@ -177,11 +182,15 @@ class ForwardProcessObjective:
         if rollout.advantages is None:
             raise ValueError(f"{self.name} needs a rollout with advantages")
         step, levels = self._levels
-        batch = noised_batch(rollout, levels[micro_step], self.seed, step, micro_step)
+        batch = noised_batch(rollout, levels[micro_step], self.seed, step, micro_step, self._keys(rollout))
         with torch.no_grad(), self.old.swapped_in(ctx.backbone.trainable_module()):
             v_old = ctx.backbone.predict(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
         v = ctx.backbone.predict(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
         return batch, v, v_old
+
+    def _keys(self, rollout: Rollout) -> list[int]:
+        """What a sample's noise depends on: its group (shared within groups) or itself."""
+        return (rollout.group_ids if self.options.shared_in_group else rollout.sample_ids).tolist()
 
     def clipped_advantages(self, rollout: Rollout) -> torch.Tensor:
         return rollout.advantages.clamp(-self.options.adv_clip_max, self.options.adv_clip_max)

@@ -5,6 +5,7 @@ from gyremedia_samplers.cps import CPSOptions, CPSSampler
 from gyremedia_samplers.dance_sde import DanceSDEOptions, DanceSDESampler
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
 from gyremedia_samplers.ode import EulerODESampler
+from gyremedia_samplers.window import WindowOptions, WindowSampler
 
 
 @hookimpl
@@ -15,5 +16,7 @@ def gyremedia_register_samplers(register):
              description="coefficients-preserving sampling: noise injected without leaving the flow's path")
     register("dance_sde", DanceSDESampler, options=DanceSDEOptions, has_log_prob=True,
              description="DanceGRPO's score-based SDE step; Gaussian log-prob per step")
+    register("window", WindowSampler, options=WindowOptions, has_log_prob=True,
+             description="MixGRPO: SDE steps inside a moving window, ODE outside; only the window is trained")
     register("ode", EulerODESampler, has_log_prob=False,
              description="deterministic Euler step of the flow ODE (evaluation, forward-process objectives)")

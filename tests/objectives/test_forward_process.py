@@ -1,17 +1,19 @@
-"""Forward-process objectives (DiffusionNFT, AWM): their losses reduce to flow matching where the
-papers say, on-policy ratios are 1, the old policy is an EMA that survives a resume."""
+"""Forward-process objectives (DiffusionNFT, AWM, V-GRPO, pairwise): their losses reduce to flow
+matching where the papers say, on-policy ratios are 1, the old policy is an EMA that survives a resume."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 
 from gyremedia.cli import main
 from gyremedia.objectives.awm import awm_loss
-from gyremedia.objectives.forward_process import OldPolicy, log_likelihood_surrogate, stratified_levels
+from gyremedia.objectives.forward_process import OldPolicy, log_likelihood_surrogate, noised_batch, stratified_levels
 from gyremedia.objectives.nft import nft_loss
+from gyremedia.objectives.pairwise import pairwise_loss, preference_pairs
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
@@ -122,3 +124,36 @@ def test_resume_restores_the_old_policy(tiny_yaml, tmp_path):
 
     assert last(split)["old_policy_gap"] > 0  # a lagging old policy, so the test can see a lost one
     assert last(split) == last(straight)
+
+
+def test_vgrpo_shares_noise_within_groups_and_is_on_policy(make_config):
+    config = make_config("objective={name: vgrpo}", "sampler={name: ode}", "train.steps=1")
+    state = Trainer(config, PluginManager()).train()
+    assert state.last_metrics["ratio"] == 1.0
+    objective, rollout = state.objective, state.rollout
+    objective.micro_steps(rollout, 0)
+    step, levels = objective._levels
+    batch = noised_batch(rollout, levels[1], objective.seed, step, 1, objective._keys(rollout))
+    for group in rollout.group_ids.unique():
+        members = (rollout.group_ids == group).nonzero().flatten()
+        assert len(members) == 4 and (batch.t[members] == batch.t[members[0]]).all()
+        assert (batch.noise[members] == batch.noise[members[0]]).all()
+    assert not torch.equal(batch.noise[0], batch.noise[4])  # different groups, different noise
+
+
+def test_pairwise_pulls_toward_the_better_sample_and_skips_ties():
+    advantages = torch.tensor([0.5, -1.0, 1.5, -1.0, 0.0, 0.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1])  # group 1 is a tie: no preference
+    winners, losers = preference_pairs(advantages, groups)
+    assert winners.tolist() == [2] and losers.tolist() == [1]  # first of the tied worst
+    log_p = torch.tensor([0.0, -1.0, -2.0, 0.0, 0.0, 0.0], requires_grad=True)
+    loss = pairwise_loss(log_p, log_p.detach(), winners, losers, beta=10.0)
+    torch.testing.assert_close(loss, torch.tensor([math.log(2.0)]))  # on-policy: log 2
+    grad, = torch.autograd.grad(loss.sum(), log_p)
+    assert grad[2] < 0 < grad[1] and grad[[0, 3, 4, 5]].abs().sum() == 0  # raise the winner, lower the loser
+
+
+def test_pairwise_trains(make_config):
+    config = make_config("objective={name: pairwise}", "sampler={name: ode}", "train.steps=2")
+    metrics = Trainer(config, PluginManager()).train().last_metrics
+    assert metrics["pairs"] == 2.0 and metrics["grad_norm"] > 0

@@ -1,0 +1,97 @@
+"""Tree rollouts (TreeGRPO / BranchGRPO): a group's samples share their trajectory until they branch.
+
+A group of ``width ** len(branch_steps)`` samples starts as one node (one initial noise). At each
+branch step every node splits into ``width`` children that draw their own noise; between branch
+steps a node moves on alone, its stochastic transition shared by every sample below it. The
+model runs once per node, not once per sample, so shared prefixes cost one forward pass. The leaves
+are the group's samples; ``ancestors[b, i]`` is the node sample ``b`` passed through at step ``i``,
+so an objective can give each transition the advantage of the subtree below it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gyremedia.interfaces import Backbone, Sampler
+from gyremedia.sampling import INITIAL_NOISE, sample_generators
+
+#: Random stream of a tree node's transitions (the flat rollout uses streams 0 and 1).
+TREE_NOISE = 3
+
+
+@dataclass
+class TreeTrajectories:
+    """Per-leaf trajectories of a batch of trees, laid out like a flat rollout's."""
+
+    states: torch.Tensor  # [B, S+1, ...] each leaf's states (shared prefixes repeated)
+    log_probs: torch.Tensor  # [B, S] log-prob of the transition each leaf went through at each step
+    sigmas: torch.Tensor
+    ancestors: torch.Tensor  # [B, S+1] node index at each level (unique within the batch per level)
+    forward_rows: int  # model evaluations done (one per node per step)
+
+
+def _node_noise(generator: torch.Generator, like: torch.Tensor) -> torch.Tensor:
+    return torch.randn(like.shape[1:], generator=generator, dtype=torch.float32)
+
+
+@torch.no_grad()
+def sample_trees(backbone: Backbone, sampler: Sampler, conditions: dict[str, torch.Tensor], *, group_ids: list[int],
+                 seed: int, step: int, branch_steps: list[int], width: int, num_steps: int,
+                 guidance_scale: float) -> TreeTrajectories:
+    """Grow one tree per entry of ``group_ids`` (``conditions`` holds one row per tree).
+
+    Node noise is drawn from a generator keyed by ``(seed, step, group, depth, path)``, so a tree
+    is the same whatever else is in the batch and on any number of processes.
+    """
+    x = backbone.sample_noise(sample_generators(seed, step, INITIAL_NOISE, group_ids))
+    sigmas = backbone.sigmas(num_steps).to(x.device)
+    paths = [(g, ()) for g in group_ids]  # (group, child indices chosen so far) per node
+    owner = torch.arange(len(group_ids))  # which tree (row of `conditions`) each node belongs to
+
+    def generators() -> list[torch.Generator]:
+        return [sample_generators(seed, step, (TREE_NOISE, len(path), *path), [group])[0] for group, path in paths]
+
+    node_generators = generators()
+    levels, parents, log_probs, forward_rows = [x], [], [], 0
+    for i in range(num_steps):
+        node_conditions = {k: v[owner] for k, v in conditions.items()}
+        output = backbone.predict(x, sigmas[i], node_conditions, guidance_scale)
+        forward_rows += x.shape[0]
+        parent = torch.arange(x.shape[0])
+        if i in branch_steps:
+            parent = parent.repeat_interleave(width)
+            x, output, owner = x[parent], output[parent], owner[parent]
+            paths = [(group, path + (c,)) for group, path in paths for c in range(width)]
+            node_generators = generators()
+        noise = torch.stack([_node_noise(g, x) for g in node_generators]).to(device=x.device, dtype=x.dtype)
+        transition = sampler.step(x, output, sigmas, i, noise=noise)
+        x = transition.next_state
+        levels.append(x)
+        parents.append(parent)
+        log_probs.append(transition.log_prob)
+
+    # Follow each leaf up the tree: its node at every level.
+    leaves = levels[-1].shape[0]
+    ancestors = [torch.arange(leaves)]
+    for parent in reversed(parents):
+        ancestors.append(parent[ancestors[-1]])
+    ancestors = torch.stack(ancestors[::-1], dim=1)  # [B, S+1]
+    states = torch.stack([levels[i][ancestors[:, i]] for i in range(num_steps + 1)], dim=1)
+    leaf_log_probs = torch.stack([log_probs[i][ancestors[:, i + 1]] for i in range(num_steps)], dim=1)
+    return TreeTrajectories(states, leaf_log_probs, sigmas, ancestors, forward_rows)
+
+
+def subtree_values(leaf_values: torch.Tensor, nodes: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Per leaf, the (weighted) mean of ``leaf_values`` over every leaf under the same node.
+
+    ``nodes[b]`` is the node leaf ``b`` passed through at the level of interest; ``weights`` (>= 0)
+    default to uniform.
+    """
+    weights = torch.ones_like(leaf_values) if weights is None else weights
+    _, inverse = torch.unique(nodes, return_inverse=True)
+    count = int(inverse.max()) + 1
+    total = torch.zeros(count, dtype=leaf_values.dtype, device=leaf_values.device).index_add_(0, inverse, weights * leaf_values)
+    mass = torch.zeros(count, dtype=leaf_values.dtype, device=leaf_values.device).index_add_(0, inverse, weights)
+    return (total / mass.clamp(min=1e-12))[inverse]
