@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -18,13 +20,32 @@ def gather_by_sample(accelerator, sample_ids: torch.Tensor, *tensors: torch.Tens
     return (*gathered, ids[order])
 
 
-def global_mean(accelerator, values: torch.Tensor, ignore_nan: bool = False) -> float:
-    """Mean of a batch-indexed tensor over every rank's samples (optionally of its non-NaN entries)."""
-    gathered = accelerator.gather(values.detach().float().to(accelerator.device))
-    return (gathered.nanmean() if ignore_nan else gathered.mean()).item()
-
-
 def mean_over_ranks(accelerator, value: torch.Tensor | float) -> float:
     """Mean of a per-rank scalar over the ranks."""
     tensor = torch.as_tensor(value, dtype=torch.float32, device=accelerator.device).reshape(1)
     return accelerator.gather(tensor.detach()).mean().item()
+
+
+def global_nanmeans(accelerator, values: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Mean of each batch-indexed tensor's non-NaN entries over every rank, in one collective.
+
+    Ranks may hold different keys (a reward whose call failed on one rank returns no components
+    there), so the local sums and counts travel as objects rather than key by key.
+    """
+    local = {}
+    for key, value in values.items():
+        value = value.detach().float().cpu()
+        kept = ~torch.isnan(value)
+        local[key] = (float(value[kept].sum()), int(kept.sum()))
+    parts = [local]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        parts = gather_object([local])
+    totals: dict[str, list[float]] = {}
+    for part in parts:
+        for key, (total, count) in part.items():
+            entry = totals.setdefault(key, [0.0, 0])
+            entry[0] += total
+            entry[1] += count
+    return {key: total / count if count else math.nan for key, (total, count) in sorted(totals.items())}

@@ -22,7 +22,7 @@ from gyremedia import evaluation
 from gyremedia.advantages import distributed_group_advantages
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
-from gyremedia.distributed import global_mean, mean_over_ranks
+from gyremedia.distributed import global_nanmeans, mean_over_ranks
 from gyremedia.interfaces import BuildContext, ObjectiveContext
 from gyremedia.plugins import PluginManager, call_each
 from gyremedia.media_io import plot_metrics
@@ -245,13 +245,13 @@ class Trainer:
         state, acc = self.state, self.accelerator
         scored = self.scorer.collect(futures if futures is not None else self.start_scoring(rollout),
                                      rollout.prompts, step)
-        metrics, dropped = {}, torch.zeros(len(rollout), dtype=torch.bool)
+        per_sample, dropped = {}, torch.zeros(len(rollout), dtype=torch.bool)
         for name, scores in scored.components.items():
             rollout.rewards[name] = scores.pop("score").to(acc.device)
             dropped |= scored.dropped[name]
-            metrics.update({f"reward/{name}/{k}": global_mean(acc, v, ignore_nan=True) for k, v in scores.items()})
+            per_sample.update({f"reward/{name}/{k}": v for k, v in scores.items()})
             if self.scorer.may_drop(name):
-                metrics[f"reward/{name}/dropped"] = global_mean(acc, scored.dropped[name]) * self.core.rollout.batch_size
+                per_sample[f"reward/{name}/dropped"] = scored.dropped[name].float()
         state.plugins.hook.gyremedia_process_rewards(state=state, rollout=rollout, rewards=rollout.rewards)
         for name, values in rollout.rewards.items():
             bad = (~torch.isfinite(values.cpu()) & ~dropped).nonzero().flatten()
@@ -259,7 +259,10 @@ class Trainer:
                 raise reward_error(name, step, rollout.prompts, f"the score after gyremedia_process_rewards is "
                                    f"{values[bad[0]].item()}", int(bad[0]))
         rollout.reward = sum(s.weight * rollout.rewards[s.name].float() for s in self.config.rewards)
-        metrics.update({f"reward/{name}": global_mean(acc, v, ignore_nan=True) for name, v in rollout.rewards.items()})
+        per_sample.update({f"reward/{name}": v for name, v in rollout.rewards.items()})
+        metrics = global_nanmeans(acc, per_sample)
+        for key in [k for k in metrics if k.endswith("/dropped")]:
+            metrics[key] *= self.core.rollout.batch_size  # a count over the whole batch, not a share
         return metrics
 
     def compute_advantages(self, rollout: Rollout) -> dict[str, float]:

@@ -12,6 +12,7 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.config import load_config, resolve_config
+from gyremedia.distributed import global_nanmeans
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
@@ -39,7 +40,10 @@ def main(config_path: str, out_dir: str, *overrides: str) -> None:
     state = Trainer(config, pm).train()
     weights = torch.cat([p.detach().flatten() for p in state.backbone.trainable_module().parameters()])
     rank = state.accelerator.process_index
-    record = {"num_processes": state.accelerator.num_processes, "steps": recorder.steps, "weights": weights.tolist()}
+    # Metrics whose keys differ between ranks (a reward that failed on one rank logs no components there).
+    uneven = {"shared": torch.tensor([float(rank), float("nan")]), f"rank{rank}_only": torch.tensor([rank + 1.0])}
+    record = {"num_processes": state.accelerator.num_processes, "steps": recorder.steps, "weights": weights.tolist(),
+              "uneven_means": global_nanmeans(state.accelerator, uneven)}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(record))
 
 

@@ -48,3 +48,5 @@ def test_two_processes_match_one_process(tiny_yaml, tmp_path):
     assert all(a["reward_metric"] == b["reward_metric"] for a, b in zip(ranks[0]["steps"], ranks[1]["steps"]))
     # After several optimizer steps the replicas hold bit-identical weights.
     assert ranks[0]["weights"] == ranks[1]["weights"]
+    # Keys present on one rank only are still averaged over every rank, without a mismatched collective.
+    assert ranks[0]["uneven_means"] == ranks[1]["uneven_means"] == {"rank0_only": 1.0, "rank1_only": 2.0, "shared": 0.5}
