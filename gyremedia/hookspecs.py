@@ -83,8 +83,9 @@ def gyremedia_register_regularizers(register: Register) -> None:
     """Register loss terms added to any objective (velocity-norm hinge, KL variants, ...).
 
     A regularizer is called with ``(state=, rollout=, outputs=)`` for each micro-step and returns
-    ``dict[str, Tensor]`` of scalar losses that are added to the objective's loss
-    (:class:`gyremedia.interfaces.Regularizer`).
+    ``dict[str, Tensor]`` of scalar losses, or a ``LossOutput`` (one loss plus metrics), added to
+    the objective's loss times its weight (:class:`gyremedia.interfaces.Regularizer`). A regularizer
+    with ``needs_reference = True`` makes the backbone keep the frozen reference policy.
     """
 
 

@@ -145,9 +145,14 @@ def reward_components(output: dict[str, torch.Tensor] | torch.Tensor) -> dict[st
 
 @runtime_checkable
 class Regularizer(Protocol):
-    """An extra loss term computed from an objective's micro-step outputs."""
+    """An extra loss term computed from an objective's micro-step outputs.
 
-    def __call__(self, *, state: Any, rollout: Rollout, outputs: dict[str, Any]) -> dict[str, torch.Tensor]: ...
+    ``outputs`` holds at least ``model_output`` (the policy's prediction, with gradient), ``state``
+    and ``sigma`` (where it was made). Returns named loss terms, or a :class:`LossOutput` (one loss
+    plus metrics to log); the trainer adds them, times the regularizer's weight, to the loss.
+    """
+
+    def __call__(self, *, state: Any, rollout: Rollout, outputs: dict[str, Any]) -> dict[str, torch.Tensor] | LossOutput: ...
 
 
 @runtime_checkable

@@ -23,7 +23,7 @@ from gyremedia.advantages import distributed_group_advantages
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
 from gyremedia.distributed import global_nanmeans, mean_over_ranks
-from gyremedia.interfaces import BuildContext, ObjectiveContext
+from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext
 from gyremedia.plugins import PluginManager, call_each
 from gyremedia.media_io import plot_metrics
 from gyremedia.rollout import Rollout
@@ -296,7 +296,13 @@ class Trainer:
                     loss, terms = out.loss, dict(out.metrics)
                     for selected in self.config.regularizers:
                         regularizer = state.regularizers[selected.name]
-                        for key, value in regularizer(state=state, rollout=batch, outputs=out.outputs).items():
+                        result = regularizer(state=state, rollout=batch, outputs=out.outputs)
+                        if isinstance(result, LossOutput):  # one loss term plus metrics
+                            loss = loss + selected.weight * result.loss
+                            terms[f"{selected.name}/loss"] = result.loss.detach()
+                            terms.update({f"{selected.name}/{k}": v.detach() for k, v in result.metrics.items()})
+                            continue
+                        for key, value in result.items():  # named loss terms
                             loss = loss + selected.weight * value
                             terms[f"{selected.name}/{key}"] = value.detach()
                     terms["loss"] = loss.detach()

@@ -81,7 +81,8 @@ class GRPOObjective:
             kl = ((transition.mean - reference.mean) ** 2).mean(dim=dims) / (2 * transition.std.float() ** 2)
             loss = loss + self.options.kl_beta * kl.mean()
             metrics["kl"] = kl.detach().mean()
-        outputs = {"index": micro_step, "model_output": output, "transition": transition}
+        outputs = {"index": micro_step, "model_output": output, "transition": transition,
+                   "state": rollout.states[:, micro_step], "sigma": rollout.sigmas[micro_step]}
         return LossOutput(loss=loss, metrics=metrics, outputs=outputs)
 
 
