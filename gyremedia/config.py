@@ -143,6 +143,8 @@ COMPONENT_SECTIONS = {
 }
 #: Component sections a config may leave out (``eval.sampler`` defaults to the run's sampler).
 OPTIONAL_SECTIONS = {"regularizers": [], "logging.loggers": [], "eval.sampler": None}
+
+
 @dataclass
 class RewardSettings:
     """Keys every reward accepts besides its own options."""

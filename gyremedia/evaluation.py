@@ -11,9 +11,9 @@ import torch
 
 from gyremedia.config import ResolvedConfig
 from gyremedia.data import PromptSource
-from gyremedia.scoring import RewardError, call_reward
 from gyremedia.rollout import Media
 from gyremedia.sampling import INITIAL_NOISE, STEP_NOISE, sample_generators, sample_trajectories
+from gyremedia.scoring import RewardError, call_reward
 
 
 def eval_prompts(config: ResolvedConfig) -> list[str]:

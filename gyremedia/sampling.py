@@ -26,7 +26,8 @@ def sample_generators(seed: int, step: int, stream: int | tuple[int, ...], ids: 
     return generators
 
 
-def _noise_like(x: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+def noise_like(x: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """Standard normal noise shaped like ``x``, one row drawn from each generator (in fp32)."""
     shape = x.shape[1:]
     noise = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in generators])
     return noise.to(device=x.device, dtype=x.dtype)
@@ -42,7 +43,7 @@ def sample_trajectories(backbone: Backbone, sampler: Sampler, conditions: dict[s
     states, log_probs = [x], []
     for i in range(num_steps):
         output = backbone.predict(x, sigmas[i], conditions, guidance_scale)
-        noise = _noise_like(x, step_generators) if sampler.has_log_prob else None
+        noise = noise_like(x, step_generators) if sampler.has_log_prob else None
         transition = sampler.step(x, output, sigmas, i, noise=noise)
         x = transition.next_state
         states.append(x)

@@ -205,10 +205,10 @@ class Trainer:
             span = slice(begin, begin + chunk)
             conditions = state.backbone.encode(prompts[span])
             if r.branch_steps:
-                trees = group_ids[span][::r.group_size]
+                # groups are whole in a chunk: its first member's conditions are its tree's
                 tree = sample_trees(
-                    state.backbone, state.sampler, state.backbone.encode([group_prompts[g] for g in trees.tolist()]),
-                    group_ids=trees.tolist(), seed=self.core.run.seed, step=step, branch_steps=list(r.branch_steps),
+                    state.backbone, state.sampler, {k: v[::r.group_size] for k, v in conditions.items()},
+                    group_ids=group_ids[span][::r.group_size].tolist(), seed=self.core.run.seed, step=step, branch_steps=list(r.branch_steps),
                     width=r.branch_width, num_steps=r.num_steps, guidance_scale=r.guidance_scale)
                 states, log_probs, sigmas = tree.states, tree.log_probs, tree.sigmas
                 # node ids unique across chunks: offset by the nodes of earlier chunks at each level

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from gyremedia.interfaces import Backbone, Sampler
-from gyremedia.sampling import INITIAL_NOISE, sample_generators
+from gyremedia.sampling import INITIAL_NOISE, noise_like, sample_generators
 
 #: Random stream of a tree node's transitions (the flat rollout uses streams 0 and 1).
 TREE_NOISE = 3
@@ -30,10 +30,6 @@ class TreeTrajectories:
     sigmas: torch.Tensor
     ancestors: torch.Tensor  # [B, S+1] node index at each level (unique within the batch per level)
     forward_rows: int  # model evaluations done (one per node per step)
-
-
-def _node_noise(generator: torch.Generator, like: torch.Tensor) -> torch.Tensor:
-    return torch.randn(like.shape[1:], generator=generator, dtype=torch.float32)
 
 
 @torch.no_grad()
@@ -54,9 +50,9 @@ def sample_trees(backbone: Backbone, sampler: Sampler, conditions: dict[str, tor
         return [sample_generators(seed, step, (TREE_NOISE, len(path), *path), [group])[0] for group, path in paths]
 
     node_generators = generators()
+    node_conditions = conditions
     levels, parents, log_probs, forward_rows = [x], [], [], 0
     for i in range(num_steps):
-        node_conditions = {k: v[owner] for k, v in conditions.items()}
         output = backbone.predict(x, sigmas[i], node_conditions, guidance_scale)
         forward_rows += x.shape[0]
         parent = torch.arange(x.shape[0])
@@ -65,8 +61,8 @@ def sample_trees(backbone: Backbone, sampler: Sampler, conditions: dict[str, tor
             x, output, owner = x[parent], output[parent], owner[parent]
             paths = [(group, path + (c,)) for group, path in paths for c in range(width)]
             node_generators = generators()
-        noise = torch.stack([_node_noise(g, x) for g in node_generators]).to(device=x.device, dtype=x.dtype)
-        transition = sampler.step(x, output, sigmas, i, noise=noise)
+            node_conditions = {k: v[owner] for k, v in conditions.items()}
+        transition = sampler.step(x, output, sigmas, i, noise=noise_like(x, node_generators))
         x = transition.next_state
         levels.append(x)
         parents.append(parent)

@@ -17,7 +17,7 @@ import torch
 from gyremedia import hookimpl
 from gyremedia.interfaces import LossOutput
 from gyremedia.rollout import Rollout
-from gyremedia.sampling import sample_generators
+from gyremedia.sampling import noise_like, sample_generators
 
 #: Random stream of the forward-process noise (the rollout uses streams 0 and 1).
 FORWARD_NOISE = 2
@@ -34,7 +34,12 @@ class NoisedBatch:
 
     def broadcast(self, value: torch.Tensor) -> torch.Tensor:
         """A ``[B]`` tensor shaped to multiply the states."""
-        return value.view(-1, *([1] * (self.x0.dim() - 1)))
+        return per_sample(value, self.x0)
+
+
+def per_sample(value: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """A ``[B]`` tensor viewed as ``[B, 1, ...]`` to multiply ``states``."""
+    return value.view(-1, *([1] * (states.dim() - 1)))
 
 
 def stratified_levels(seed: int, step: int, micro_steps: int, keys: list[int], low: float, high: float) -> np.ndarray:
@@ -55,12 +60,10 @@ def noised_batch(rollout: Rollout, levels: np.ndarray, seed: int, step: int, mic
     """Re-noise the rollout's final samples at ``levels [B]``, with noise that depends only on
     ``(seed, step, micro_step, key)`` (the same on any number of processes)."""
     x0 = rollout.final.float()
-    generators = sample_generators(seed, step, (FORWARD_NOISE, micro_step), keys)
-    noise = torch.stack([torch.randn(x0.shape[1:], generator=g) for g in generators]).to(x0.device)
+    noise = noise_like(x0, sample_generators(seed, step, (FORWARD_NOISE, micro_step), keys))
     t = torch.as_tensor(levels, dtype=torch.float32, device=x0.device)
-    batch = NoisedBatch(t=t, x0=x0, noise=noise, xt=x0)
-    batch.xt = (1 - batch.broadcast(t)) * x0 + batch.broadcast(t) * noise
-    return batch
+    t_states = per_sample(t, x0)
+    return NoisedBatch(t=t, x0=x0, noise=noise, xt=(1 - t_states) * x0 + t_states * noise)
 
 
 class OldPolicy:
@@ -83,12 +86,15 @@ class OldPolicy:
         return [p for p in module.parameters() if p.requires_grad]
 
     def ensure(self, module: torch.nn.Module) -> None:
-        """Start from the current weights (the first rollout's sampling policy), or a loaded state."""
-        if self.shadow is None:
-            self.shadow = [p.detach().clone() for p in self._params(module)]
-        elif self._loaded is not None:
-            self.shadow = [self._loaded[str(i)].to(p.device, p.dtype) for i, p in enumerate(self._params(module))]
-            self._loaded = None
+        """Start from a loaded state, else from the current weights (the first rollout's sampling policy)."""
+        if self.shadow is not None:
+            return
+        params = self._params(module)
+        if self._loaded:
+            self.shadow = [self._loaded[str(i)].to(p.device, p.dtype) for i, p in enumerate(params)]
+        else:
+            self.shadow = [p.detach().clone() for p in params]
+        self._loaded = None
 
     @torch.no_grad()
     def update(self, module: torch.nn.Module) -> None:
@@ -112,11 +118,13 @@ class OldPolicy:
                 p.data = data
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {str(i): t.cpu() for i, t in enumerate(self.shadow or [])}
+        if self.shadow is None:  # not used since a resume (or ever): what was loaded, if anything
+            return dict(self._loaded or {})
+        return {str(i): t.cpu() for i, t in enumerate(self.shadow)}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if state:
-            self.shadow, self._loaded = [], dict(state)
+            self.shadow, self._loaded = None, dict(state)
 
 
 #: ELBO-style log-likelihood surrogates from a per-sample flow-matching error ``l`` at noise level ``t``.

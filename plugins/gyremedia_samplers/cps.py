@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from gyremedia.interfaces import Transition
+from gyremedia_samplers.gaussian import draw_or_replay
 
 
 @dataclass
@@ -41,10 +42,7 @@ class CPSSampler:
         clean, pure_noise = x32 - sigma * v, x32 + (1 - sigma) * v
         std = sigma_next * math.sin(self.noise_level * math.pi / 2)
         mean = (1 - sigma_next) * clean + torch.sqrt(sigma_next**2 - std**2) * pure_noise
-        if next_state is None:
-            if noise is None:
-                raise ValueError("cps needs noise to sample a step")
-            next_state = (mean + std * noise.float()).to(x.dtype)
+        next_state = draw_or_replay(mean, std, noise, next_state, x.dtype, "cps")
         dims = tuple(range(1, mean.dim()))
         log_prob = -((next_state.detach().float() - mean) ** 2).mean(dim=dims)
         return Transition(next_state=next_state, mean=mean, std=std, log_prob=log_prob)

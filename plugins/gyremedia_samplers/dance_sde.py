@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from gyremedia.interfaces import Transition
-from gyremedia_samplers.gaussian import gaussian_log_prob
+from gyremedia_samplers.gaussian import gaussian_transition
 
 
 @dataclass
@@ -38,10 +38,5 @@ class DanceSDESampler:
         clean = x32 - sigma * v
         score = -(x32 - (1 - sigma) * clean) / sigma**2
         mean = x32 + dt * v - 0.5 * self.eta**2 * dt * score
-        std = self.eta * torch.sqrt(-dt)
-        if next_state is None:
-            if noise is None:
-                raise ValueError("dance_sde needs noise to sample a step")
-            next_state = (mean + std * noise.float()).to(x.dtype)
-        log_prob = gaussian_log_prob(next_state.detach(), mean, std.expand_as(mean))
-        return Transition(next_state=next_state, mean=mean, std=std, log_prob=log_prob)
+        return gaussian_transition(x, mean, self.eta * torch.sqrt(-dt), noise=noise, next_state=next_state,
+                                   sampler="dance_sde")

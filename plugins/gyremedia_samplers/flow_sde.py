@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from gyremedia.interfaces import Transition
-from gyremedia_samplers.gaussian import gaussian_log_prob
+from gyremedia_samplers.gaussian import gaussian_transition
 
 
 @dataclass
@@ -40,10 +40,5 @@ class FlowSDESampler:
         std_dev = self.noise_level * torch.sqrt(sigma / denominator)
         drift = v + std_dev**2 / (2 * sigma) * (x32 + (1 - sigma) * v)
         mean = x32 + dt * drift
-        step_std = std_dev * torch.sqrt(-dt)
-        if next_state is None:
-            if noise is None:
-                raise ValueError("flow_sde needs noise to sample a step")
-            next_state = (mean + step_std * noise.float()).to(x.dtype)
-        log_prob = gaussian_log_prob(next_state.detach(), mean, step_std.expand_as(mean))
-        return Transition(next_state=next_state, mean=mean, std=step_std, log_prob=log_prob)
+        return gaussian_transition(x, mean, std_dev * torch.sqrt(-dt), noise=noise, next_state=next_state,
+                                   sampler="flow_sde")
