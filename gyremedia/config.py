@@ -138,11 +138,13 @@ COMPONENT_SECTIONS = {
     "objective": ("objective", False),
     "rewards": ("reward", True),
     "regularizers": ("regularizer", True),
+    "weighting": ("weighting", False),
     "logging.loggers": ("logger", True),
     "eval.sampler": ("sampler", False),
 }
 #: Component sections a config may leave out (``eval.sampler`` defaults to the run's sampler).
-OPTIONAL_SECTIONS = {"regularizers": [], "logging.loggers": [], "eval.sampler": None}
+#: (``weighting`` defaults to the objective's ``default_weighting``, if it uses one).
+OPTIONAL_SECTIONS = {"regularizers": [], "logging.loggers": [], "eval.sampler": None, "weighting": None}
 
 
 @dataclass
@@ -204,6 +206,7 @@ class ResolvedConfig:
     regularizers: list[Selected]
     loggers: list[Selected]
     eval_sampler: Selected | None = None
+    weighting: Selected | None = None  # timestep weighting of an ELBO-family objective
 
     def to_yaml(self) -> str:
         """The fully resolved config (every default filled in), as written into the run folder."""
@@ -212,6 +215,8 @@ class ResolvedConfig:
             data[attr] = getattr(self, attr).as_dict()
         data["rewards"] = [s.as_dict() for s in self.rewards]
         data["regularizers"] = [s.as_dict() for s in self.regularizers]
+        if self.weighting is not None:
+            data["weighting"] = self.weighting.as_dict()
         data["logging"]["loggers"] = [s.as_dict() for s in self.loggers]
         if self.eval_sampler is not None:
             data["eval"]["sampler"] = self.eval_sampler.as_dict()
@@ -375,8 +380,9 @@ def resolve_config(cfg: DictConfig, pm: PluginManager) -> ResolvedConfig:
             errors += errs
             selected[path] = sel
 
+    errors += _default_weighting(pm, selected, given=_section(cfg, "weighting") is not None)
     if core is not None:
-        errors += _cross_checks(core, selected)
+        errors += _cross_checks(core, selected, pm)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
     return ResolvedConfig(
@@ -388,10 +394,30 @@ def resolve_config(cfg: DictConfig, pm: PluginManager) -> ResolvedConfig:
         regularizers=selected["regularizers"],
         loggers=selected["logging.loggers"],
         eval_sampler=selected["eval.sampler"],
+        weighting=selected["weighting"],
     )
 
 
-def _cross_checks(core: TrainConfig, selected: dict[str, Any]) -> list[str]:
+def _default_weighting(pm: PluginManager, selected: dict[str, Any], given: bool) -> list[str]:
+    """Select the objective's default timestep weighting when the yaml names none; refuse a
+    ``weighting`` section for an objective that weights no timesteps."""
+    objective = selected.get("objective")
+    if objective is None:
+        return []
+    default = objective.meta.get("default_weighting")
+    if default is None:
+        if given:
+            users = sorted(c.name for c in pm.registry.all() if c.kind == "objective" and c.meta.get("default_weighting"))
+            return [f"'weighting': objective {objective.name!r} has no timestep weighting; remove the section, or "
+                    f"use an objective that has one ({', '.join(users)})"]
+        return []
+    if given:
+        return []
+    selected["weighting"], errors = _select(pm, "weighting", default, "weighting")
+    return errors
+
+
+def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager) -> list[str]:
     """Constraints between keys that no single field's type can express."""
     errors = []
     r = core.rollout
@@ -440,6 +466,16 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any]) -> list[str]:
             errors.append(f"{key}={path!r} does not exist")
     if core.eval.metric is not None and "/" not in core.eval.metric:
         errors.append(f"eval.metric={core.eval.metric!r}: expected '<reward>/<component>', e.g. 'shapes_verifier/correct'")
+    backbone = selected.get("backbone")
+    for path in ("sampler", "eval.sampler"):
+        chosen = selected.get(path)
+        if backbone is None or chosen is None:
+            continue
+        predicts, steps_on = backbone.meta.get("prediction"), chosen.meta.get("prediction")
+        if predicts and steps_on and predicts != steps_on:
+            fits = sorted(c.name for c in pm.registry.all() if c.kind == "sampler" and c.meta.get("prediction") == predicts)
+            errors.append(f"{path} {chosen.name!r} steps on {steps_on} predictions, but backbone {backbone.name!r} predicts "
+                          f"{predicts}: choose one of {', '.join(fits)}")
     objective, sampler = selected.get("objective"), selected.get("sampler")
     if objective is not None and sampler is not None:
         if objective.meta.get("requires_log_prob") and not sampler.meta.get("has_log_prob"):

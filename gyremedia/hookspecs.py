@@ -90,6 +90,18 @@ def gyremedia_register_regularizers(register: Register) -> None:
 
 
 @hookspec
+def gyremedia_register_weightings(register: Register) -> None:
+    """Register timestep weightings of the ELBO surrogate (``uniform``, ``t``, ``budgeted``, ...).
+
+    A weighting is a callable ``weighting(error [B], t [B]) -> log p [B]``: the log-likelihood
+    surrogate ``-w(t) l`` of a per-sample flow-matching error ``l`` at noise level ``t``
+    (:class:`gyremedia.interfaces.TimestepWeighting`). Objectives that use one register with
+    ``default_weighting=<name>``; the yaml's ``weighting:`` section overrides it. An adaptive one
+    implements lifecycle hooks (``gyremedia_on_step_end``) and ``state_dict``/``load_state_dict``.
+    """
+
+
+@hookspec
 def gyremedia_register_loggers(register: Register) -> None:
     """Register metric sinks (jsonl, tensorboard, ...).
 
@@ -173,5 +185,6 @@ COMPONENT_KINDS = {
     "objective": "gyremedia_register_objectives",
     "reward": "gyremedia_register_rewards",
     "regularizer": "gyremedia_register_regularizers",
+    "weighting": "gyremedia_register_weightings",
     "logger": "gyremedia_register_loggers",
 }

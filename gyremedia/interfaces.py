@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 import torch
 
@@ -91,8 +91,13 @@ class Sampler(Protocol):
     has_log_prob: bool
 
     def step(self, x: torch.Tensor, model_output: torch.Tensor, sigmas: torch.Tensor, index: int, *,
-             noise: torch.Tensor | None = None, next_state: torch.Tensor | None = None) -> Transition:
-        """Sample ``x_{index+1}`` with ``noise``, or score the given ``next_state`` (replay)."""
+             noise: torch.Tensor | None = None, next_state: torch.Tensor | None = None,
+             predict: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> Transition:
+        """Sample ``x_{index+1}`` with ``noise``, or score the given ``next_state`` (replay).
+
+        A sampler that evaluates the model again within a step (a higher-order solver) sets
+        ``needs_predict = True`` and receives ``predict(x, sigma)``: the same model and conditions.
+        """
 
 
 @dataclass
@@ -115,6 +120,13 @@ class Objective(Protocol):
         """The loss of one micro-step; the trainer backpropagates it divided by their count."""
 
 
+@runtime_checkable
+class TimestepWeighting(Protocol):
+    """The ELBO surrogate ``log p = -w(t) l`` of per-sample flow-matching errors ``l [B]`` at levels ``t [B]``."""
+
+    def __call__(self, error: torch.Tensor, t: torch.Tensor) -> torch.Tensor: ...
+
+
 @dataclass
 class ObjectiveContext:
     """What an objective needs to recompute the policy on recorded transitions."""
@@ -123,6 +135,7 @@ class ObjectiveContext:
     sampler: Sampler
     guidance_scale: float
     step: int
+    weighting: TimestepWeighting | None = None  # the run's timestep weighting, for objectives that use one
 
 
 @runtime_checkable

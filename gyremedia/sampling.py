@@ -41,10 +41,15 @@ def sample_trajectories(backbone: Backbone, sampler: Sampler, conditions: dict[s
     x = backbone.sample_noise(initial_generators)
     sigmas = backbone.sigmas(num_steps).to(x.device)
     states, log_probs = [x], []
+
+    def predict(state: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        return backbone.predict(state, sigma, conditions, guidance_scale)
+
+    extra = {"predict": predict} if getattr(sampler, "needs_predict", False) else {}
     for i in range(num_steps):
-        output = backbone.predict(x, sigmas[i], conditions, guidance_scale)
+        output = predict(x, sigmas[i])
         noise = noise_like(x, step_generators) if sampler.has_log_prob else None
-        transition = sampler.step(x, output, sigmas, i, noise=noise)
+        transition = sampler.step(x, output, sigmas, i, noise=noise, **extra)
         x = transition.next_state
         states.append(x)
         if transition.log_prob is not None:

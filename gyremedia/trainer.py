@@ -51,6 +51,7 @@ class TrainState:
     objective: Any = None
     rewards: dict[str, Any] = field(default_factory=dict)
     regularizers: dict[str, Any] = field(default_factory=dict)
+    weighting: Any = None  # timestep weighting of an ELBO-family objective, if it uses one
     loggers: list[Any] = field(default_factory=list)
     optimizer: Any = None
     lr_scheduler: Any = None
@@ -138,6 +139,8 @@ class Trainer:
         self.eval_sampler = (state.plugins.build(self.config.eval_sampler, context)
                              if self.config.eval_sampler is not None else state.sampler)
         state.objective = state.plugins.build(self.config.objective, context)
+        if self.config.weighting is not None:
+            state.weighting = state.plugins.build(self.config.weighting, context)
         state.rewards = {s.name: state.plugins.build(s, context) for s in self.config.rewards}
         for name, reward in state.rewards.items():
             kinds = set(getattr(reward, "kinds", ()))
@@ -281,7 +284,7 @@ class Trainer:
         state, acc, train = self.state, self.accelerator, self.core.train
         state.backbone.trainable_module().train()
         ctx = ObjectiveContext(backbone=state.backbone, sampler=state.sampler,
-                               guidance_scale=self.core.rollout.guidance_scale, step=step)
+                               guidance_scale=self.core.rollout.guidance_scale, step=step, weighting=state.weighting)
         size = len(rollout) // train.num_minibatches
         sums: dict[str, float] = {}
         count = 0
@@ -388,7 +391,7 @@ class Trainer:
     def _stateful_components(self) -> dict[str, Any]:
         """Selected components with tensors to checkpoint (``state_dict``/``load_state_dict``)."""
         state = self.state
-        candidates = {"objective": state.objective, "sampler": state.sampler,
+        candidates = {"objective": state.objective, "sampler": state.sampler, "weighting": state.weighting,
                       **{f"reward/{k}": v for k, v in state.rewards.items()},
                       **{f"regularizer/{k}": v for k, v in state.regularizers.items()}}
         return {name: c for name, c in candidates.items()

@@ -19,7 +19,7 @@ BAD_CONFIGS = [
     (["sampler.noise_levl=0.5"], ["unknown key 'sampler.noise_levl'", "did you mean 'sampler.noise_level'"]),
     (["train.steps=many"], ["wrong type for 'train.steps'"]),
     (["objective.clip_range=wide"], ["wrong type for 'objective.clip_range'"]),
-    (["sampler.name=flow_sdee"], ["unknown sampler 'flow_sdee'", "Registered samplers: cps, dance_sde, flow_sde, ode, window", "Did you mean 'flow_sde'"]),
+    (["sampler.name=flow_sdee"], ["unknown sampler 'flow_sdee'", "Registered samplers: cps, dance_sde, ddim_eta, flow_sde, heun, ode, window", "Did you mean 'flow_sde'"]),
     (["rewards.0.name=aesthetics"], ["'rewards.0.name'", "unknown reward 'aesthetics'", "jpeg_compressibility"]),
     (["rollout.batch_size=10"], ["rollout.batch_size=10 is not divisible by rollout.group_size=4", "rollout.batch_size=8 or 12"]),
     (["rollout.group_size=1", "rollout.batch_size=4"], ["rollout.group_size=1", "rollout.group_size>=2"]),

@@ -13,7 +13,8 @@ import pytest
 from gyremedia import hookimpl
 from gyremedia.plugins import ALLOW_LIST_ENV, PluginError, PluginManager
 
-FIRST_PARTY = {"flow_matching", "grpo", "tree_grpo", "nft", "awm", "pairwise", "samplers", "rewards", "loggers"}
+FIRST_PARTY = {"flow_matching", "grpo", "tree_grpo", "nft", "awm", "pairwise", "weightings", "samplers", "rewards", "loggers",
+               "regularizers"}
 
 
 def make_distribution(root, dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
@@ -88,7 +89,7 @@ def test_third_party_plugin_registers_like_first_party(tmp_path, monkeypatch):
 def test_allow_list_restricts_which_plugins_load(monkeypatch):
     monkeypatch.setenv(ALLOW_LIST_ENV, "samplers,grpo")
     pm = PluginManager()
-    assert pm.registry.names("sampler") == ["cps", "dance_sde", "flow_sde", "ode", "window"]
+    assert pm.registry.names("sampler") == ["cps", "dance_sde", "ddim_eta", "flow_sde", "heun", "ode", "window"]
     assert pm.registry.names("objective") == ["grpo"]
     assert pm.registry.names("reward") == []
 

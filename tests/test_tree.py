@@ -78,6 +78,36 @@ def test_tree_grpo_objective_backs_up_leaf_advantages(components):
     assert by_prob.transition_advantages(rollout, 0)[0].item() == pytest.approx(expected, rel=1e-5)
 
 
+def test_dedup_and_pruning_choose_the_trained_rows(components):
+    tree = grow(*components)  # two trees, branching at steps 0 and 1, width 2
+    rollout = Rollout(prompts=["a red circle"] * 8, sample_ids=torch.arange(8), group_ids=torch.arange(8) // 4,
+                      conditions={}, states=tree.states, log_probs=tree.log_probs, sigmas=tree.sigmas,
+                      advantages=torch.tensor([2.0, 0.0, -1.0, -1.0, 0.5, 0.5, -3.0, 2.0]),
+                      extras={"tree_ancestors": tree.ancestors})
+
+    def rows(micro_step, **options):
+        objective = TreeGRPOObjective(TreeGRPOOptions(**options), BuildContext(device=torch.device("cpu")))
+        chosen, advantages = objective.trained_rows(rollout, micro_step)
+        return chosen.sample_ids.tolist(), advantages.tolist()
+
+    assert rows(0) == (list(range(8)), [1.0, 1.0, -1.0, -1.0, 0.5, 0.5, -0.5, -0.5])  # every leaf replays its path
+    assert rows(0, dedup=True) == ([0, 2, 4, 6], [1.0, -1.0, 0.5, -0.5])  # one row per node at level 1
+    assert rows(2, dedup=True)[0] == list(range(8))  # the leaves' own transitions are all distinct
+    assert rows(2, dedup=True, width=2) == ([0, 2, 6, 7], [2.0, -1.0, -3.0, 2.0])  # largest |A| per tree
+    assert rows(0, dedup=True, width=1) == ([0, 4], [1.0, 0.5])  # ties: the first node
+    objective = TreeGRPOObjective(TreeGRPOOptions(skip_steps=[0, 2]), BuildContext(device=torch.device("cpu")))
+    assert objective.micro_steps(rollout, 0) == [1]
+    with pytest.raises(ValueError, match="leaves no transition"):
+        TreeGRPOObjective(TreeGRPOOptions(skip_steps=[0, 1, 2]), BuildContext(device=torch.device("cpu"))).micro_steps(rollout, 0)
+
+
+def test_pruned_tree_grpo_trains_on_policy(make_config):
+    config = make_config(*TREE, "objective={name: tree_grpo, clip_range: 0.01, dedup: true, width: 1, skip_steps: [2]}",
+                         "train.steps=1")
+    metrics = Trainer(config, PluginManager()).train().last_metrics
+    assert metrics["ratio"] == 1.0 and metrics["grad_norm"] > 0
+
+
 def test_tree_grpo_trains_on_policy_and_reports_the_saved_forward_passes(make_config):
     config = make_config(*TREE, "objective={name: tree_grpo, clip_range: 0.01}", "train.steps=2")
     state = Trainer(config, PluginManager()).train()

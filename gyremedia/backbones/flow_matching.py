@@ -255,5 +255,5 @@ class FlowMatchingBackbone:
 
 @hookimpl
 def gyremedia_register_backbones(register):
-    register("flow_matching", FlowMatchingBackbone, options=FlowMatchingOptions,
+    register("flow_matching", FlowMatchingBackbone, options=FlowMatchingOptions, prediction="velocity",
              description="SD3-family rectified-flow text-to-image (diffusers), full or LoRA")

@@ -3,7 +3,7 @@
 Each clean rollout sample is re-noised (``x_t = (1 - t) x0 + t eps``) and scored by an ELBO-style
 log-likelihood surrogate of the flow-matching error ``l = mean ||v(x_t, t) - (eps - x0)||^2``:
 
-    log p = -w(t) l          (w: uniform, t, t^2; or generalised Huber -t l^p / p)
+    log p = -w(t) l          (w: the run's timestep weighting, section `weighting:`; default t)
     L     = -A * exp(log p - sg(log p_old))        (per sample, averaged)
 
 On-policy the ratio is 1 and the gradient is ``A * grad log p``: pretraining's loss, weighted by
@@ -19,20 +19,12 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext
-from gyremedia.objectives.forward_process import (
-    WEIGHTINGS,
-    ForwardProcessObjective,
-    ForwardProcessOptions,
-    NoisedBatch,
-    log_likelihood_surrogate,
-)
+from gyremedia.objectives.forward_process import ForwardProcessObjective, ForwardProcessOptions
 from gyremedia.rollout import Rollout
 
 
 @dataclass
 class AWMOptions(ForwardProcessOptions):
-    weighting: str = "t"  # uniform | t | t2 | ghuber: the surrogate's timestep weighting
-    huber_power: float = 0.25  # p of the ghuber weighting
     clip_range: float = 0.0  # PPO clip of the ratio; 0 = no clip
 
 
@@ -51,19 +43,14 @@ class AWMObjective(ForwardProcessObjective):
     name = "awm"
 
     def __init__(self, options: AWMOptions, context: BuildContext) -> None:
-        if options.weighting not in WEIGHTINGS:
-            raise ValueError(f"objective.weighting={options.weighting!r}: expected one of {', '.join(WEIGHTINGS)}")
+        if options.clip_range < 0:
+            raise ValueError(f"{self.name} needs clip_range >= 0")
         super().__init__(options, context)
-
-    def log_p(self, v: torch.Tensor, batch: NoisedBatch) -> torch.Tensor:
-        """The surrogate log-likelihood of each sample's clean result under velocity ``v``."""
-        error = (v - (batch.noise - batch.x0)).pow(2).mean(dim=tuple(range(1, v.dim())))
-        return log_likelihood_surrogate(error, batch.t, self.options.weighting, self.options.huber_power)
 
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         o = self.options
         batch, v, v_old = self.predictions(ctx, rollout, micro_step)
-        log_p, log_p_old = self.log_p(v, batch), self.log_p(v_old, batch)
+        log_p, log_p_old = self.elbo_log_p(ctx, v, batch), self.elbo_log_p(ctx, v_old, batch)
         policy_loss = awm_loss(log_p, log_p_old, self.clipped_advantages(rollout), o.clip_range).mean()
         ratio = torch.exp(log_p - log_p_old).detach()
         metrics = {"ratio": ratio.mean()}
@@ -76,7 +63,6 @@ class AWMObjective(ForwardProcessObjective):
 class VGRPOOptions(AWMOptions):
     clip_range: float = 0.01  # PPO clip of the ELBO ratio (our default, tuned on nothing yet)
     shared_in_group: bool = True  # same noise levels and noise for a group's members
-    weighting: str = "uniform"
 
 
 class VGRPOObjective(AWMObjective):
@@ -88,7 +74,7 @@ class VGRPOObjective(AWMObjective):
 
 @hookimpl
 def gyremedia_register_objectives(register):
-    register("awm", AWMObjective, options=AWMOptions, requires_log_prob=False,
+    register("awm", AWMObjective, options=AWMOptions, requires_log_prob=False, default_weighting="t",
              description="advantage-weighted matching: the flow-matching loss weighted by the advantage; any sampler")
-    register("vgrpo", VGRPOObjective, options=VGRPOOptions, requires_log_prob=False,
+    register("vgrpo", VGRPOObjective, options=VGRPOOptions, requires_log_prob=False, default_weighting="uniform",
              description="V-GRPO: clipped GRPO ratio of ELBO surrogates, noise shared within groups; any sampler")

@@ -127,24 +127,6 @@ class OldPolicy:
             self.shadow, self._loaded = None, dict(state)
 
 
-#: ELBO-style log-likelihood surrogates from a per-sample flow-matching error ``l`` at noise level ``t``.
-WEIGHTINGS = ("uniform", "t", "t2", "ghuber")
-
-
-def log_likelihood_surrogate(error: torch.Tensor, t: torch.Tensor, weighting: str, huber_power: float = 0.25) -> torch.Tensor:
-    """``log p ~ -w(t) * l`` (``uniform``: 1, ``t``, ``t2``: t^2), or the generalised-Huber form
-    ``-t * l^p / p`` (``ghuber``), which lets large errors pull less."""
-    if weighting == "uniform":
-        return -error
-    if weighting == "t":
-        return -t * error
-    if weighting == "t2":
-        return -t**2 * error
-    if weighting == "ghuber":
-        return -t * error.clamp(min=1e-12) ** huber_power / huber_power
-    raise ValueError(f"unknown timestep weighting {weighting!r}: expected one of {', '.join(WEIGHTINGS)}")
-
-
 @dataclass
 class ForwardProcessOptions:
     """Options every forward-process objective shares."""
@@ -199,6 +181,15 @@ class ForwardProcessObjective:
     def _keys(self, rollout: Rollout) -> list[int]:
         """What a sample's noise depends on: its group (shared within groups) or itself."""
         return (rollout.group_ids if self.options.shared_in_group else rollout.sample_ids).tolist()
+
+    @staticmethod
+    def elbo_log_p(ctx, v: torch.Tensor, batch: NoisedBatch) -> torch.Tensor:
+        """The ELBO surrogate ``-w(t) l`` of each clean sample under velocity ``v``, ``l`` its mean
+        flow-matching error on the re-noised batch and ``w`` the run's timestep weighting."""
+        if ctx.weighting is None:
+            raise ValueError("this objective needs a timestep weighting (the run's `weighting:` section)")
+        error = (v - (batch.noise - batch.x0)).pow(2).mean(dim=tuple(range(1, v.dim())))
+        return ctx.weighting(error, batch.t)
 
     def clipped_advantages(self, rollout: Rollout) -> torch.Tensor:
         return rollout.advantages.clamp(-self.options.adv_clip_max, self.options.adv_clip_max)

@@ -39,30 +39,38 @@ class GRPOObjective:
         self.needs_reference = options.kl_beta > 0
 
     def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
-        """The transitions trained on this step: the stochastic ones (a sampler may record
-        deterministic steps with NaN log-probs), all or a random subset shared by the batch."""
+        """The transitions trained on this step: all trainable ones, or a random subset shared by the batch."""
+        trainable = self.trainable_steps(rollout)
+        count = max(1, round(len(trainable) * self.options.timestep_fraction))
+        if count >= len(trainable):
+            return trainable
+        rng = np.random.default_rng([self.seed, step, 2])
+        return sorted(rng.choice(trainable, size=count, replace=False).tolist())
+
+    def trainable_steps(self, rollout: Rollout) -> list[int]:
+        """The stochastic transitions (a sampler may record deterministic steps with NaN log-probs)."""
         if rollout.log_probs is None:
             raise ValueError("grpo needs a rollout with log-probs: use a stochastic sampler")
         stochastic = [i for i in range(rollout.num_transitions) if torch.isfinite(rollout.log_probs[:, i]).all()]
         if not stochastic:
             raise ValueError("grpo found no stochastic transition in the rollout to train on")
-        count = max(1, round(len(stochastic) * self.options.timestep_fraction))
-        if count >= len(stochastic):
-            return stochastic
-        rng = np.random.default_rng([self.seed, step, 2])
-        return sorted(rng.choice(stochastic, size=count, replace=False).tolist())
+        return stochastic
 
     def transition_advantages(self, rollout: Rollout, micro_step: int) -> torch.Tensor:
         """The advantage of each sample's transition ``micro_step``: the sample's own, in flat GRPO."""
         return rollout.advantages
 
+    def trained_rows(self, rollout: Rollout, micro_step: int) -> tuple[Rollout, torch.Tensor]:
+        """The rows whose transition ``micro_step`` is trained, and their advantages: every sample in flat GRPO."""
+        return rollout, self.transition_advantages(rollout, micro_step)
+
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         if rollout.log_probs is None or rollout.advantages is None:
             raise ValueError("grpo needs a rollout with log-probs and advantages")
         eps = self.options.clip_range
+        rollout, advantages = self.trained_rows(rollout, micro_step)
         transition, output = replay_transition(ctx, rollout, micro_step)
-        advantages = self.transition_advantages(rollout, micro_step).clamp(-self.options.adv_clip_max,
-                                                                            self.options.adv_clip_max)
+        advantages = advantages.clamp(-self.options.adv_clip_max, self.options.adv_clip_max)
         log_ratio = transition.log_prob - rollout.log_probs[:, micro_step]
         ratio = torch.exp(log_ratio)
         unclipped = -advantages * ratio

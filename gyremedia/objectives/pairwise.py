@@ -19,19 +19,13 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext
-from gyremedia.objectives.forward_process import (
-    WEIGHTINGS,
-    ForwardProcessObjective,
-    ForwardProcessOptions,
-    log_likelihood_surrogate,
-)
+from gyremedia.objectives.forward_process import ForwardProcessObjective, ForwardProcessOptions
 from gyremedia.rollout import Rollout
 
 
 @dataclass
 class PairwiseOptions(ForwardProcessOptions):
     beta: float = 100.0  # inverse temperature of the preference (surrogate log-ratios are small)
-    weighting: str = "uniform"  # the ELBO surrogate's timestep weighting
     shared_in_group: bool = True  # the pair sees the same noise levels and noise
 
 
@@ -61,18 +55,13 @@ class PairwiseObjective(ForwardProcessObjective):
     name = "pairwise"
 
     def __init__(self, options: PairwiseOptions, context: BuildContext) -> None:
-        if options.weighting not in WEIGHTINGS:
-            raise ValueError(f"objective.weighting={options.weighting!r}: expected one of {', '.join(WEIGHTINGS)}")
         if options.beta <= 0:
             raise ValueError("pairwise needs beta > 0")
         super().__init__(options, context)
 
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         batch, v, v_old = self.predictions(ctx, rollout, micro_step)
-        dims = tuple(range(1, v.dim()))
-        target = batch.noise - batch.x0
-        log_p = log_likelihood_surrogate((v - target).pow(2).mean(dim=dims), batch.t, self.options.weighting)
-        log_p_old = log_likelihood_surrogate((v_old - target).pow(2).mean(dim=dims), batch.t, self.options.weighting)
+        log_p, log_p_old = self.elbo_log_p(ctx, v, batch), self.elbo_log_p(ctx, v_old, batch)
         winners, losers = preference_pairs(rollout.advantages, rollout.group_ids.to(rollout.advantages.device))
         if len(winners):
             policy_loss = pairwise_loss(log_p, log_p_old, winners, losers, self.options.beta).mean()
@@ -83,5 +72,5 @@ class PairwiseObjective(ForwardProcessObjective):
 
 @hookimpl
 def gyremedia_register_objectives(register):
-    register("pairwise", PairwiseObjective, options=PairwiseOptions, requires_log_prob=False,
+    register("pairwise", PairwiseObjective, options=PairwiseOptions, requires_log_prob=False, default_weighting="uniform",
              description="best vs worst sample per group, DPO-style on ELBO surrogates of the whole trajectory")

@@ -10,11 +10,17 @@ every leaf under it, so its advantage is backed up from those leaves:
 
 optionally normalised per depth (zero mean, unit std over the nodes at that depth). Then GRPO's
 clipped ratio as in ``grpo``.
+
+Training cost (BranchGRPO's pruning): by default each leaf replays its whole path, so a shared
+transition is trained once per leaf below it; with ``dedup`` it is replayed once (one row per
+node, the loss a mean over nodes); ``width`` keeps, per tree and
+depth, only the nodes with the largest ``|A|`` (a node as good as its siblings teaches nothing);
+``skip_steps`` leaves whole depths untrained.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,6 +35,9 @@ from gyremedia.tree import subtree_values
 class TreeGRPOOptions(GRPOOptions):
     aggregate: str = "mean"  # mean | logprob: how leaf advantages back up to a node
     normalize_depth: bool = False  # normalise node advantages over the nodes of each depth
+    dedup: bool = False  # replay a transition shared by several leaves once (one row per tree node)
+    width: int = 0  # train at most this many nodes per tree and depth, the largest |A| first; 0 = all
+    skip_steps: list[int] = field(default_factory=list)  # transition indices never trained (depth pruning)
 
 
 class TreeGRPOObjective(GRPOObjective):
@@ -37,7 +46,26 @@ class TreeGRPOObjective(GRPOObjective):
     def __init__(self, options: TreeGRPOOptions, context: BuildContext) -> None:
         if options.aggregate not in ("mean", "logprob"):
             raise ValueError(f"objective.aggregate={options.aggregate!r}: expected mean or logprob")
+        if options.width < 0:
+            raise ValueError("objective.width must be >= 0 (0 trains every node)")
         super().__init__(options, context)
+
+    def trainable_steps(self, rollout: Rollout) -> list[int]:
+        kept = [i for i in super().trainable_steps(rollout) if i not in self.options.skip_steps]
+        if not kept:
+            raise ValueError(f"objective.skip_steps={self.options.skip_steps} leaves no transition to train")
+        return kept
+
+    def trained_rows(self, rollout: Rollout, micro_step: int) -> tuple[Rollout, torch.Tensor]:
+        """One row per node the transitions lead to (``dedup``), at most ``width`` per tree by ``|A|``."""
+        advantages = self.transition_advantages(rollout, micro_step)
+        if not self.options.dedup and not self.options.width:
+            return rollout, advantages
+        nodes = rollout.extras["tree_ancestors"][:, micro_step + 1]
+        rows = unique_first(nodes)[1] if self.options.dedup else torch.arange(len(rollout))
+        if self.options.width:
+            rows = top_per_group(rows, rollout.group_ids[rows].cpu(), advantages[rows].abs().cpu(), self.options.width)
+        return rollout.select(rows), advantages[rows.to(advantages.device)]
 
     def transition_advantages(self, rollout: Rollout, micro_step: int) -> torch.Tensor:
         ancestors = rollout.extras.get("tree_ancestors")
@@ -65,6 +93,15 @@ def unique_first(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     first = torch.full((len(unique),), len(values), dtype=torch.long).scatter_reduce(
         0, inverse, torch.arange(len(values)), reduce="amin")
     return unique, first
+
+
+def top_per_group(rows: torch.Tensor, groups: torch.Tensor, scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` entries of ``rows`` with the highest ``scores`` within each group, in their original order."""
+    keep = torch.zeros(len(rows), dtype=torch.bool)
+    for group in groups.unique():
+        members = (groups == group).nonzero().flatten()
+        keep[members[scores[members].argsort(descending=True, stable=True)[:k]]] = True
+    return rows[keep]
 
 
 @hookimpl

@@ -2,21 +2,26 @@
 
 from gyremedia import hookimpl
 from gyremedia_samplers.cps import CPSOptions, CPSSampler
+from gyremedia_samplers.ddim import DDIMEtaOptions, DDIMEtaSampler
 from gyremedia_samplers.dance_sde import DanceSDEOptions, DanceSDESampler
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
-from gyremedia_samplers.ode import EulerODESampler
+from gyremedia_samplers.ode import EulerODESampler, HeunODESampler
 from gyremedia_samplers.window import WindowOptions, WindowSampler
 
 
 @hookimpl
 def gyremedia_register_samplers(register):
-    register("flow_sde", FlowSDESampler, options=FlowSDEOptions, has_log_prob=True,
+    register("flow_sde", FlowSDESampler, options=FlowSDEOptions, has_log_prob=True, prediction="velocity",
              description="Flow-GRPO's SDE step with the flow ODE's marginals; Gaussian log-prob per step")
-    register("cps", CPSSampler, options=CPSOptions, has_log_prob=True,
+    register("cps", CPSSampler, options=CPSOptions, has_log_prob=True, prediction="velocity",
              description="coefficients-preserving sampling: noise injected without leaving the flow's path")
-    register("dance_sde", DanceSDESampler, options=DanceSDEOptions, has_log_prob=True,
+    register("dance_sde", DanceSDESampler, options=DanceSDEOptions, has_log_prob=True, prediction="velocity",
              description="DanceGRPO's score-based SDE step; Gaussian log-prob per step")
-    register("window", WindowSampler, options=WindowOptions, has_log_prob=True,
+    register("window", WindowSampler, options=WindowOptions, has_log_prob=True, prediction="velocity",
              description="MixGRPO: SDE steps inside a moving window, ODE outside; only the window is trained")
-    register("ode", EulerODESampler, has_log_prob=False,
+    register("ode", EulerODESampler, has_log_prob=False, prediction="velocity",
              description="deterministic Euler step of the flow ODE (evaluation, forward-process objectives)")
+    register("ddim_eta", DDIMEtaSampler, options=DDIMEtaOptions, has_log_prob=True, prediction="epsilon",
+             description="DDPO's DDIM-eta step for epsilon-prediction diffusion backbones; Gaussian log-prob per step")
+    register("heun", HeunODESampler, has_log_prob=False, prediction="velocity",
+             description="Heun's second-order ODE step (2 model evaluations per step); forward-process objectives")

@@ -11,7 +11,7 @@ import torch
 
 from gyremedia.cli import main
 from gyremedia.objectives.awm import awm_loss
-from gyremedia.objectives.forward_process import OldPolicy, log_likelihood_surrogate, noised_batch, stratified_levels
+from gyremedia.objectives.forward_process import OldPolicy, noised_batch, stratified_levels
 from gyremedia.objectives.nft import nft_loss
 from gyremedia.objectives.pairwise import pairwise_loss, preference_pairs
 from gyremedia.plugins import PluginManager
@@ -55,7 +55,7 @@ def test_awm_on_policy_gradient_is_the_advantage_weighted_flow_matching_gradient
     x0, eps, t, xt, v = toy(2)
     advantages = torch.tensor([1.0, -0.5, 2.0, 0.0])
     error = (v - (eps - x0)).pow(2).mean(dim=(1, 2))
-    log_p = log_likelihood_surrogate(error, t.view(-1), "uniform")
+    log_p = -error  # the uniform weighting's surrogate
     loss = awm_loss(log_p, log_p.detach(), advantages, clip_range=0.0)
     torch.testing.assert_close(loss, -advantages)  # ratio exactly 1 on-policy
     grad, = torch.autograd.grad(loss.sum(), v, retain_graph=True)
@@ -64,15 +64,6 @@ def test_awm_on_policy_gradient_is_the_advantage_weighted_flow_matching_gradient
     # with A = 1 it is exactly the flow-matching gradient
     grad, = torch.autograd.grad(awm_loss(log_p, log_p.detach(), torch.ones(4), 0.0).sum(), v, retain_graph=True)
     torch.testing.assert_close(grad, torch.autograd.grad(error.sum(), v)[0])
-
-
-def test_weightings():
-    error, t = torch.tensor([4.0, 1.0]), torch.tensor([0.5, 0.25])
-    torch.testing.assert_close(log_likelihood_surrogate(error, t, "t"), -t * error)
-    torch.testing.assert_close(log_likelihood_surrogate(error, t, "t2"), -t**2 * error)
-    torch.testing.assert_close(log_likelihood_surrogate(error, t, "ghuber", 0.5), -t * error.sqrt() / 0.5)
-    with pytest.raises(ValueError, match="unknown timestep weighting"):
-        log_likelihood_surrogate(error, t, "cosine")
 
 
 def test_levels_are_stratified_and_do_not_depend_on_the_batch_split():

@@ -1,0 +1,207 @@
+"""Timestep weightings of the ELBO surrogate, a pluggable choice of their own (section ``weighting:``).
+
+The ELBO-based objectives (AWM, V-GRPO, pairwise) score a clean sample by a log-likelihood
+surrogate of its flow-matching error ``l`` at noise level ``t``: ``log p ~ -w(t) l``. Which noise
+levels ``w`` emphasises decides where the reward's signal lands (coarse layout at high ``t``,
+detail at low ``t``), and the useful choice depends on the reward and the stage of learning. Fixed
+profiles (``uniform``, ``t``, ``t2``, ``ghuber``), a budgeted choice among them (``budgeted``) and a
+schedule that follows the reward gap (``dynamic``) are registered here; a third party registers its
+own through ``gyremedia_register_weightings``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from gyremedia import hookimpl
+
+logger = logging.getLogger("gyremedia")
+
+
+def power_weight(t: torch.Tensor, power: float) -> torch.Tensor:
+    """``(power + 1) t^power``: emphasises high noise for ``power > 0``, with mean 1 over uniform ``t``
+    (so changing the profile moves the emphasis, not the loss scale)."""
+    return (power + 1) * t**power
+
+
+# --------------------------------------------------------------------------- fixed profiles
+
+
+class Uniform:
+    """``log p = -l``: every noise level counts the same (the plain flow-matching loss)."""
+
+    def __call__(self, error: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return -error
+
+
+class LinearT:
+    """``log p = -t l``: AWM's default, less weight on nearly clean states."""
+
+    def __call__(self, error: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return -t * error
+
+
+class SquaredT:
+    """``log p = -t^2 l``: the velocity error rescaled to the clean-sample error (``x0 = x_t - t v``)."""
+
+    def __call__(self, error: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return -t**2 * error
+
+
+@dataclass
+class GHuberOptions:
+    power: float = 0.25  # p: errors enter as l^p / p, so large errors pull less
+
+
+class GeneralisedHuber:
+    """``log p = -t l^p / p`` (the generalised-Huber form of the ELBO-weighting study)."""
+
+    def __init__(self, options: GHuberOptions, context=None) -> None:
+        if not 0 < options.power <= 1:
+            raise ValueError(f"weighting.power={options.power}: use a power in (0, 1]")
+        self.power = options.power
+
+    def __call__(self, error: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return -t * error.clamp(min=1e-12) ** self.power / self.power
+
+
+#: The fixed profiles by name (what ``budgeted`` chooses among).
+PROFILES = {"uniform": Uniform(), "t": LinearT(), "t2": SquaredT(), "ghuber": GeneralisedHuber(GHuberOptions())}
+
+
+# --------------------------------------------------------------------------- adaptive choices
+
+
+@dataclass
+class BudgetedOptions:
+    profiles: list[str] = field(default_factory=lambda: ["uniform", "t", "t2"])  # names of fixed profiles
+    budget_steps: int = 30  # exploration steps, shared round-robin among the profiles
+
+
+class Budgeted:
+    """Explore-then-commit among fixed profiles within a step budget.
+
+    For ``budget_steps`` optimizer steps the profiles take turns (step k uses profile k mod n, so
+    each sees every stage of the exploration); a profile is credited with the change of the
+    training reward from the step it trained to the next one. Then the profile with the largest
+    mean credit is used for the rest of the run. Metrics: ``weighting/profile`` (its index).
+    """
+
+    def __init__(self, options: BudgetedOptions, context=None) -> None:
+        unknown = [p for p in options.profiles if p not in PROFILES]
+        if unknown or len(options.profiles) < 2:
+            raise ValueError(f"weighting.profiles={options.profiles}: give at least two of {', '.join(PROFILES)}")
+        if options.budget_steps < 2 * len(options.profiles):
+            raise ValueError(f"weighting.budget_steps={options.budget_steps}: give each profile at least 2 steps "
+                             f"(>= {2 * len(options.profiles)})")
+        self.profiles = list(options.profiles)
+        self.budget = options.budget_steps
+        self.credits: list[list[float]] = [[] for _ in self.profiles]
+        self.chosen: int | None = None
+        self.step = 0  # optimizer steps seen
+        self.last_reward: float | None = None
+
+    def current(self) -> int:
+        """Index of the profile the next optimizer step trains with."""
+        return self.chosen if self.chosen is not None else self.step % len(self.profiles)
+
+    def __call__(self, error: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return PROFILES[self.profiles[self.current()]](error, t)
+
+    def mean_credits(self) -> list[float]:
+        return [sum(c) / len(c) if c else float("-inf") for c in self.credits]
+
+    @hookimpl
+    def gyremedia_on_step_end(self, state, metrics: dict[str, float]) -> None:
+        # metrics["reward"] is the reward of the rollout this step trained on: the policy before its
+        # update. So the reward change it caused shows up in the next step's rollout.
+        reward = metrics["reward"]
+        if self.chosen is None and self.last_reward is not None and self.step >= 1:
+            self.credits[(self.step - 1) % len(self.profiles)].append(reward - self.last_reward)
+        metrics["weighting/profile"] = float(self.current())
+        self.last_reward = reward
+        self.step += 1
+        if self.chosen is None and self.step >= self.budget:
+            credits = self.mean_credits()
+            self.chosen = max(range(len(credits)), key=credits.__getitem__)
+            logger.info("weighting: chose %r after %d steps (mean reward change per step: %s)", self.profiles[self.chosen],
+                        self.step, ", ".join(f"{p} {c:+.4f}" for p, c in zip(self.profiles, credits)))
+
+    def state_dict(self) -> dict:
+        return {"credits": self.credits, "chosen": self.chosen, "step": self.step, "last_reward": self.last_reward}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self.credits, self.chosen = state["credits"], state["chosen"]
+            self.step, self.last_reward = state["step"], state["last_reward"]
+
+
+@dataclass
+class DynamicOptions:
+    early_power: float = 2.0  # w(t) ∝ t^p while the reward gap is as large as at the start (coarse layout first)
+    late_power: float = 0.0  # ... and as the gap closes (0: uniform, detail counts as much)
+    smoothing: float = 0.9  # EMA factor of the measured gap
+
+
+class Dynamic:
+    """``w(t) = (p + 1) t^p`` with ``p`` moving from ``early_power`` to ``late_power`` as the reward gap closes.
+
+    The gap is the mean within-group reward spread (``reward_group_std``, over all ranks): how far
+    the policy's typical sample is from what the reward favours among its own samples. ``p`` follows
+    ``late + (early - late) * min(1, gap / gap_0)``, ``gap`` an EMA and ``gap_0`` the first step's.
+    Metrics: ``weighting/power`` and ``weighting/gap``.
+    """
+
+    def __init__(self, options: DynamicOptions, context=None) -> None:
+        if not 0 <= options.smoothing < 1:
+            raise ValueError(f"weighting.smoothing={options.smoothing}: use a value in [0, 1)")
+        if min(options.early_power, options.late_power) < 0:
+            raise ValueError("weighting.early_power and late_power must be >= 0")
+        self.options = options
+        self.gap: float | None = None
+        self.initial_gap: float | None = None
+
+    @property
+    def power(self) -> float:
+        o = self.options
+        if self.gap is None:
+            return o.early_power
+        progress = min(1.0, self.gap / max(self.initial_gap, 1e-12))
+        return o.late_power + (o.early_power - o.late_power) * progress
+
+    def __call__(self, error: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return -power_weight(t, self.power) * error
+
+    @hookimpl
+    def gyremedia_on_step_end(self, state, metrics: dict[str, float]) -> None:
+        gap = metrics.get("reward_group_std")
+        if gap is None or gap != gap:  # no finite gap this step (every sample dropped)
+            return
+        if self.gap is None:
+            self.gap = self.initial_gap = gap
+        else:
+            self.gap = self.options.smoothing * self.gap + (1 - self.options.smoothing) * gap
+        metrics["weighting/power"] = self.power
+        metrics["weighting/gap"] = self.gap
+
+    def state_dict(self) -> dict:
+        return {"gap": self.gap, "initial_gap": self.initial_gap}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self.gap, self.initial_gap = state["gap"], state["initial_gap"]
+
+
+@hookimpl
+def gyremedia_register_weightings(register):
+    register("uniform", lambda context: Uniform(), description="log p = -l: every noise level alike")
+    register("t", lambda context: LinearT(), description="log p = -t l (AWM's default)")
+    register("t2", lambda context: SquaredT(), description="log p = -t^2 l: the clean-sample error")
+    register("ghuber", GeneralisedHuber, options=GHuberOptions, description="log p = -t l^p / p: generalised Huber")
+    register("budgeted", Budgeted, options=BudgetedOptions,
+             description="explore fixed profiles round-robin for a step budget, then keep the best")
+    register("dynamic", Dynamic, options=DynamicOptions,
+             description="w ∝ t^p, p moving from early_power to late_power as the in-group reward gap closes")
