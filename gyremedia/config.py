@@ -477,6 +477,12 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
             errors.append(f"{path} {chosen.name!r} steps on {steps_on} predictions, but backbone {backbone.name!r} predicts "
                           f"{predicts}: choose one of {', '.join(fits)}")
     objective, sampler = selected.get("objective"), selected.get("sampler")
+    for i, regularizer in enumerate(selected.get("regularizers") or []):
+        if regularizer is not None and objective is not None and regularizer.meta.get("requires_log_prob") \
+                and not objective.meta.get("requires_log_prob"):
+            errors.append(f"regularizers.{i}: {regularizer.name!r} compares replayed sampler transitions, which "
+                          f"objective {objective.name!r} does not make: use a ratio objective (grpo, tree_grpo) or "
+                          "a velocity regularizer (velocity_kl)")
     if objective is not None and sampler is not None:
         if objective.meta.get("requires_log_prob") and not sampler.meta.get("has_log_prob"):
             errors.append(

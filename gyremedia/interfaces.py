@@ -160,8 +160,9 @@ def reward_components(output: dict[str, torch.Tensor] | torch.Tensor) -> dict[st
 class Regularizer(Protocol):
     """An extra loss term computed from an objective's micro-step outputs.
 
-    ``outputs`` holds at least ``model_output`` (the policy's prediction, with gradient), ``state``
-    and ``sigma`` (where it was made). Returns named loss terms, or a :class:`LossOutput` (one loss
+    ``outputs`` holds at least ``model_output`` (the policy's prediction, with gradient), ``state``,
+    ``sigma`` and ``conditions`` (where it was made, for the rows the objective trained; ratio
+    objectives add the replayed ``transition``, its ``index`` and the trajectory's ``sigmas``). Returns named loss terms, or a :class:`LossOutput` (one loss
     plus metrics to log); the trainer adds them, times the regularizer's weight, to the loss.
     """
 

@@ -71,3 +71,15 @@ def replay_transition(ctx: ObjectiveContext, rollout: Rollout, index: int, *,
     output = ctx.backbone.predict(x, rollout.sigmas[index], rollout.conditions, ctx.guidance_scale, reference=reference)
     transition = ctx.sampler.step(x, output, rollout.sigmas, index, next_state=rollout.states[:, index + 1])
     return transition, output
+
+
+def transition_kl(policy: Transition, reference: Transition) -> torch.Tensor:
+    """Per-sample ``KL(pi_theta || pi_ref)`` of two Gaussian steps with the same std (Flow-GRPO's form):
+    ``||mean_theta - mean_ref||^2 / (2 std^2)``, averaged over the state's dimensions (``std`` a scalar)."""
+    if policy.std is None or reference.mean is None:
+        raise ValueError("a transition KL needs Gaussian transitions (mean and std) from a stochastic sampler")
+    dims = tuple(range(1, policy.mean.dim()))
+    std = torch.as_tensor(policy.std, dtype=torch.float32, device=policy.mean.device)
+    gap = ((policy.mean.float() - reference.mean.float()) ** 2).mean(dim=dims)
+    # A deterministic step (std 0, e.g. CPS's last) has no density to compare: no KL.
+    return torch.where(std > 0, gap / (2 * std.clamp(min=1e-12) ** 2), torch.zeros_like(gap))

@@ -205,7 +205,8 @@ class ForwardProcessObjective:
             kl = (v - v_ref.float()).pow(2).mean()
             metrics["kl"] = kl.detach()
             loss = loss + self.options.kl_beta * kl
-        return LossOutput(loss=loss, metrics=metrics, outputs={"model_output": v, "sigma": batch.t, "state": batch.xt})
+        return LossOutput(loss=loss, metrics=metrics, outputs={"model_output": v, "sigma": batch.t, "state": batch.xt,
+                                                               "conditions": rollout.conditions})
 
     @hookimpl
     def gyremedia_on_step_end(self, state, metrics) -> None:

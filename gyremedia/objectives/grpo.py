@@ -17,7 +17,7 @@ import torch
 from gyremedia import hookimpl
 from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext
 from gyremedia.rollout import Rollout
-from gyremedia.sampling import replay_transition
+from gyremedia.sampling import replay_transition, transition_kl
 
 
 @dataclass
@@ -85,12 +85,12 @@ class GRPOObjective:
         loss = policy_loss
         if self.options.kl_beta > 0:
             reference, _ = replay_transition(ctx, rollout, micro_step, reference=True)
-            dims = tuple(range(1, transition.mean.dim()))
-            kl = ((transition.mean - reference.mean) ** 2).mean(dim=dims) / (2 * transition.std.float() ** 2)
+            kl = transition_kl(transition, reference)
             loss = loss + self.options.kl_beta * kl.mean()
             metrics["kl"] = kl.detach().mean()
         outputs = {"index": micro_step, "model_output": output, "transition": transition,
-                   "state": rollout.states[:, micro_step], "sigma": rollout.sigmas[micro_step]}
+                   "state": rollout.states[:, micro_step], "sigma": rollout.sigmas[micro_step],
+                   "sigmas": rollout.sigmas, "conditions": rollout.conditions}
         return LossOutput(loss=loss, metrics=metrics, outputs=outputs)
 
 

@@ -1,0 +1,72 @@
+"""Reward-adaptive strength for a regularizer: strong early and relaxed as the reward rises, or the reverse.
+
+The training reward (``metrics["reward"]``, the mean over all ranks) is smoothed with an EMA; its
+progress from the first step's value ``r_0`` to ``adapt_until`` sets the scale multiplying the
+regularizer's loss:
+
+    progress = clip((r_ema - r_0) / (adapt_until - r_0), 0, 1)
+    relax:   scale = 1 - (1 - min_scale) progress        tighten: scale = min_scale + (1 - min_scale) progress
+
+``relax`` anchors hard while the policy is far from what the reward wants and lets it go as it gets
+there; ``tighten`` lets it explore first and holds it once the reward is reached (against hacking).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gyremedia import hookimpl
+
+MODES = ("none", "relax", "tighten")
+
+
+@dataclass
+class AdaptiveOptions:
+    adapt: str = "none"  # none | relax | tighten
+    adapt_until: float = 1.0  # training reward at which the adaptation is complete
+    min_scale: float = 0.1  # the scale at the relaxed end
+    smoothing: float = 0.9  # EMA factor of the training reward
+
+
+class RewardAdaptiveStrength:
+    """Base of regularizers whose loss is scaled by the reward's progress (see the module docstring)."""
+
+    def __init__(self, options: AdaptiveOptions) -> None:
+        if options.adapt not in MODES:
+            raise ValueError(f"adapt={options.adapt!r}: expected one of {', '.join(MODES)}")
+        if not 0 <= options.min_scale <= 1 or not 0 <= options.smoothing < 1:
+            raise ValueError("min_scale must be in [0, 1] and smoothing in [0, 1)")
+        self.adaptive = options
+        self.start: float | None = None
+        self.reward: float | None = None
+
+    @property
+    def scale(self) -> float:
+        o = self.adaptive
+        if o.adapt == "none":
+            return 1.0
+        if self.reward is None:  # before the first step: no progress yet
+            progress = 0.0
+        else:
+            span = o.adapt_until - self.start
+            progress = min(1.0, max(0.0, (self.reward - self.start) / span)) if span > 0 else 1.0
+        if o.adapt == "relax":
+            return 1.0 - (1.0 - o.min_scale) * progress
+        return o.min_scale + (1.0 - o.min_scale) * progress
+
+    @hookimpl
+    def gyremedia_on_step_end(self, state, metrics: dict[str, float]) -> None:
+        reward = metrics.get("reward")
+        if self.adaptive.adapt == "none" or reward is None or reward != reward:
+            return
+        if self.reward is None:
+            self.start = self.reward = reward
+        else:
+            self.reward = self.adaptive.smoothing * self.reward + (1 - self.adaptive.smoothing) * reward
+
+    def state_dict(self) -> dict:
+        return {"start": self.start, "reward": self.reward}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self.start, self.reward = state["start"], state["reward"]
