@@ -41,7 +41,8 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std: str = 
 
 def combined_advantages(rewards: torch.Tensor, weights: torch.Tensor, group_ids: torch.Tensor, combine: str = "sum",
                         std: str = "group", eps: float = 1e-4) -> torch.Tensor:
-    """Advantages from several rewards ``[B, R]`` with weights ``[R]``.
+    """Advantages from several rewards ``[B, R]`` with weights ``[R]``, or ``[B, R]`` (one weight
+    vector per sample: a Pareto run's preference, the same within a group).
 
     ``"sum"``: normalise the weighted sum of the rewards. ``"normalize_each"``: normalise each
     reward within its groups, then take the weighted sum of those advantages (so a reward's scale
@@ -63,11 +64,14 @@ def distributed_group_advantages(accelerator, rewards: torch.Tensor, weights: to
                                  eps: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's advantages, with group statistics taken over all ranks' samples.
 
-    ``rewards`` is ``[B, R]`` (one column per reward). Also returns the gathered weighted total
-    reward (NaN where dropped) and group ids, every rank's, ordered by sample id, so callers can
-    report batch statistics without gathering again.
+    ``rewards`` is ``[B, R]`` (one column per reward), ``weights`` ``[R]`` or per sample ``[B, R]``.
+    Also returns the gathered weighted total reward (NaN where dropped) and group ids, every rank's,
+    ordered by sample id, so callers can report batch statistics without gathering again.
     """
-    all_rewards, all_groups, order = gather_by_sample(accelerator, sample_ids, rewards, group_ids)
+    per_sample = weights.dim() == 2
+    extra = (weights.to(rewards),) if per_sample else ()
+    all_rewards, all_groups, *all_weights, order = gather_by_sample(accelerator, sample_ids, rewards, group_ids, *extra)
+    weights = all_weights[0] if per_sample else weights.to(all_rewards.device)
     advantages = combined_advantages(all_rewards, weights, all_groups, combine, std, eps)
     local = advantages[torch.searchsorted(order, sample_ids.to(order.device))].to(rewards.device)
-    return local, (all_rewards.double() * weights.to(all_rewards.device).double()).sum(dim=1).float(), all_groups
+    return local, (all_rewards.double() * weights.double()).sum(dim=1).float(), all_groups

@@ -88,6 +88,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     report["metric"] = key
     report["samples"] = len(results["base"].prompts)
     report["checkpoint"] = str(checkpoint)
+    if config.core.pareto.enabled:  # the trained model at each swept preference
+        report["pareto_front"] = evaluation.pareto_front(config, backbone, sampler, rewards)
     if args.json:
         print(json.dumps(report))
         return 0
@@ -97,6 +99,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for name in report["base"]:
         print(f"{name:<12}{report['base'][name]:>10.3f}{report['trained'][name]:>10.3f}")
     print(f"gain: {gain['points']:+.1f} points (95% CI {gain['ci95_low']:+.1f} to {gain['ci95_high']:+.1f}, paired)")
+    for point in report.get("pareto_front", []):
+        print(f"preference {point['weights']}: " + ", ".join(f"{s.name} {point[s.name]:.4f}" for s in config.rewards))
     return 0
 
 

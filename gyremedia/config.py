@@ -88,6 +88,25 @@ class AdvantageSection:
 
 
 @dataclass
+class ParetoSection:
+    """ParetoSlider: one model conditioned on reward-preference weights instead of a fixed weighted sum."""
+
+    enabled: bool = False  # needs >= 2 rewards and a backbone with preference_inputs = their number
+    concentration: float = 1.0  # Dirichlet alpha of the weight vector drawn per prompt group (1: uniform on the simplex)
+    sweep: int = 5  # weight settings evaluated after training (the front; two rewards: (1, 0) ... (0, 1))
+
+
+@dataclass
+class MonitorSection:
+    """Reward-hacking monitor (gyremedia/monitor.py); ``monitor.gold`` lists held-out rewards like ``rewards``."""
+
+    tolerance: float = 0.005  # changes of eval means smaller than this count as flat
+    min_diversity: float = 0.5  # warn when in-group diversity falls below this share of the first eval's
+    drift: bool = False  # measure the velocity drift from the reference at each eval (keeps the reference)
+    drift_levels: int = 3  # noise levels the drift is measured at
+
+
+@dataclass
 class CheckpointSection:
     every: int = 10  # steps between checkpoints (the last step is always saved)
     keep_last: int = 2
@@ -125,6 +144,8 @@ class TrainConfig:
     rollout: RolloutSection = field(default_factory=RolloutSection)
     train: TrainSection = field(default_factory=TrainSection)
     advantage: AdvantageSection = field(default_factory=AdvantageSection)
+    pareto: ParetoSection = field(default_factory=ParetoSection)
+    monitor: MonitorSection = field(default_factory=MonitorSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     eval: EvalSection = field(default_factory=EvalSection)
     export: ExportSection = field(default_factory=ExportSection)
@@ -141,10 +162,12 @@ COMPONENT_SECTIONS = {
     "weighting": ("weighting", False),
     "logging.loggers": ("logger", True),
     "eval.sampler": ("sampler", False),
+    "monitor.gold": ("reward", True),
 }
 #: Component sections a config may leave out (``eval.sampler`` defaults to the run's sampler).
 #: (``weighting`` defaults to the objective's ``default_weighting``, if it uses one).
-OPTIONAL_SECTIONS = {"regularizers": [], "logging.loggers": [], "eval.sampler": None, "weighting": None}
+OPTIONAL_SECTIONS = {"regularizers": [], "logging.loggers": [], "eval.sampler": None, "weighting": None,
+                     "monitor.gold": []}
 
 
 @dataclass
@@ -207,6 +230,7 @@ class ResolvedConfig:
     loggers: list[Selected]
     eval_sampler: Selected | None = None
     weighting: Selected | None = None  # timestep weighting of an ELBO-family objective
+    gold_rewards: list[Selected] = field(default_factory=list)  # monitor.gold: scored at evals, never trained on
 
     def to_yaml(self) -> str:
         """The fully resolved config (every default filled in), as written into the run folder."""
@@ -217,6 +241,7 @@ class ResolvedConfig:
         data["regularizers"] = [s.as_dict() for s in self.regularizers]
         if self.weighting is not None:
             data["weighting"] = self.weighting.as_dict()
+        data["monitor"]["gold"] = [s.as_dict() for s in self.gold_rewards]
         data["logging"]["loggers"] = [s.as_dict() for s in self.loggers]
         if self.eval_sampler is not None:
             data["eval"]["sampler"] = self.eval_sampler.as_dict()
@@ -395,7 +420,28 @@ def resolve_config(cfg: DictConfig, pm: PluginManager) -> ResolvedConfig:
         loggers=selected["logging.loggers"],
         eval_sampler=selected["eval.sampler"],
         weighting=selected["weighting"],
+        gold_rewards=selected["monitor.gold"],
     )
+
+
+def _pareto_checks(core: TrainConfig, rewards: list[Selected], backbone: Selected | None) -> list[str]:
+    """A Pareto run needs several rewards and a backbone that takes one preference input per reward."""
+    pareto = core.pareto
+    if not pareto.enabled:
+        return []
+    errors = []
+    if len(rewards) < 2:
+        errors.append("pareto.enabled needs at least 2 rewards to weigh against each other")
+    if pareto.concentration <= 0 or pareto.sweep < 2:
+        errors.append("pareto.concentration must be > 0 and pareto.sweep >= 2")
+    if backbone is not None:
+        inputs = getattr(backbone.options, "preference_inputs", None)
+        if inputs is None:
+            errors.append(f"pareto.enabled: backbone {backbone.name!r} cannot be conditioned on preference weights")
+        elif inputs != len(rewards):
+            errors.append(f"pareto.enabled with {len(rewards)} rewards: set backbone.preference_inputs={len(rewards)} "
+                          f"(it is {inputs})")
+    return errors
 
 
 def _default_weighting(pm: PluginManager, selected: dict[str, Any], given: bool) -> list[str]:
@@ -453,6 +499,9 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
             errors.append(f"rewards.{i}.on_failure={reward.settings.on_failure!r}: allowed values are fail, drop")
         if reward.settings.timeout < 0:
             errors.append(f"rewards.{i}.timeout={reward.settings.timeout}: use seconds > 0, or 0 for no limit")
+    gold = [s.name for s in selected.get("monitor.gold") or [] if s is not None]
+    for name in sorted({n for n in gold if gold.count(n) > 1}):
+        errors.append(f"monitor.gold selects reward {name!r} twice: their scores would share eval/gold/{name}")
     names = [reward.name for reward in rewards]
     for name in sorted({n for n in names if names.count(n) > 1}):
         errors.append(f"reward {name!r} is selected twice: combine its scores in one reward, or register it "
@@ -476,6 +525,7 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
             fits = sorted(c.name for c in pm.registry.all() if c.kind == "sampler" and c.meta.get("prediction") == predicts)
             errors.append(f"{path} {chosen.name!r} steps on {steps_on} predictions, but backbone {backbone.name!r} predicts "
                           f"{predicts}: choose one of {', '.join(fits)}")
+    errors += _pareto_checks(core, rewards, backbone)
     objective, sampler = selected.get("objective"), selected.get("sampler")
     for i, regularizer in enumerate(selected.get("regularizers") or []):
         if regularizer is not None and objective is not None and regularizer.meta.get("requires_log_prob") \

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from gyremedia.config import ResolvedConfig
 from gyremedia.data import PromptSource
@@ -33,6 +34,7 @@ class EvalResult:
     prompts: list[str]
     media: Media
     scores: dict[str, torch.Tensor]
+    extras: dict[str, Any] = field(default_factory=dict)  # final_states, preference: for further measurements
 
     def means(self, prefix: str = "eval/") -> dict[str, float]:
         return {**{f"{prefix}{k}": nanmean(v) for k, v in self.scores.items()},
@@ -61,20 +63,26 @@ def nanmean(values: torch.Tensor) -> float:
 
 @torch.no_grad()
 def generate(backbone: Any, sampler: Any, prompts: list[str], *, seed: int, num_steps: int,
-             guidance_scale: float, batch_size: int = 64) -> Media:
-    """Sample one output per prompt; sample ``i`` always uses the noise of ``(seed, i)``."""
+             guidance_scale: float, batch_size: int = 64,
+             preference: torch.Tensor | None = None) -> tuple[Media, torch.Tensor]:
+    """Sample one output per prompt (and return the final states too); sample ``i`` always uses the
+    noise of ``(seed, i)``. A Pareto model gets the same ``preference`` weight vector for every sample."""
     parts = []
     for begin in range(0, len(prompts), batch_size):
         chunk = prompts[begin:begin + batch_size]
         ids = list(range(begin, begin + len(chunk)))
+        conditions = backbone.encode(chunk)
+        if preference is not None:
+            conditions["preference"] = preference.to(next(iter(conditions.values())).device).expand(len(chunk), -1)
         states, _, _ = sample_trajectories(
-            backbone, sampler, backbone.encode(chunk),
+            backbone, sampler, conditions,
             initial_generators=sample_generators(seed, 0, INITIAL_NOISE, ids),
             step_generators=sample_generators(seed, 0, STEP_NOISE, ids),
             num_steps=num_steps, guidance_scale=guidance_scale,
         )
-        parts.append(backbone.decode(states[:, -1]))
-    return Media(parts[0].kind, torch.cat([p.data for p in parts]), parts[0].meta)
+        parts.append((backbone.decode(states[:, -1]), states[:, -1]))
+    media = [p[0] for p in parts]
+    return Media(media[0].kind, torch.cat([m.data for m in media]), media[0].meta), torch.cat([p[1] for p in parts])
 
 
 def score(rewards: dict[str, Any], media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
@@ -90,15 +98,40 @@ def score(rewards: dict[str, Any], media: Media, prompts: list[str]) -> dict[str
     return scores
 
 
-def evaluate(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any]) -> EvalResult:
-    """Score ``eval.samples`` fixed-seed samples of the eval prompts (cycled)."""
+def evaluate(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any],
+             preference: torch.Tensor | None = None) -> EvalResult:
+    """Score ``eval.samples`` fixed-seed samples of the eval prompts (cycled). A Pareto run's model is
+    evaluated at ``preference`` (default: equal weights)."""
     ev, rollout = config.core.eval, config.core.rollout
     prompts = eval_prompts(config)
     prompts = [prompts[i % len(prompts)] for i in range(ev.samples)]
+    if preference is None and config.core.pareto.enabled:
+        preference = torch.full((len(config.rewards),), 1 / len(config.rewards))
     backbone.trainable_module().eval()
-    media = generate(backbone, sampler, prompts, seed=ev.seed, num_steps=ev.num_steps or rollout.num_steps,
-                     guidance_scale=rollout.guidance_scale)
-    return EvalResult(prompts, media, score(rewards, media, prompts))
+    media, finals = generate(backbone, sampler, prompts, seed=ev.seed, num_steps=ev.num_steps or rollout.num_steps,
+                             guidance_scale=rollout.guidance_scale, preference=preference)
+    extras = {"final_states": finals} if preference is None else {"final_states": finals, "preference": preference}
+    return EvalResult(prompts, media, score(rewards, media, prompts), extras)
+
+
+def sweep_weights(count: int, settings: int) -> torch.Tensor:
+    """Preference weights a Pareto front is evaluated at: for two rewards ``settings`` points from
+    ``(1, 0)`` to ``(0, 1)``; for more, each reward alone and the equal mix."""
+    if count == 2:
+        a = torch.linspace(0, 1, settings)
+        return torch.stack([1 - a, a], dim=1)
+    return torch.cat([torch.eye(count), torch.full((1, count), 1 / count)])
+
+
+def pareto_front(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any]) -> list[dict[str, Any]]:
+    """One evaluation per swept weight setting: ``[{"weights": [...], "<reward>": mean score, ...}]``."""
+    front = []
+    for weights in tqdm(sweep_weights(len(config.rewards), config.core.pareto.sweep), desc="pareto front",
+                        disable=not config.core.logging.progress):
+        result = evaluate(config, backbone, sampler, rewards, preference=weights)
+        front.append({"weights": [round(float(w), 4) for w in weights],
+                      **{s.name: nanmean(result.scores[s.name]) for s in config.rewards}})
+    return front
 
 
 def accuracy_key(config: ResolvedConfig) -> str:

@@ -61,3 +61,22 @@ def plot_metrics(metrics_file: Path, path: Path, eval_keys: list[str], keys: lis
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def plot_pareto_front(front: list[dict], names: list[str], path: Path) -> None:
+    """Reward ``names[0]`` against ``names[1]`` at each swept preference, labelled with its weights."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(4.5, 4))
+    x, y = [p[names[0]] for p in front], [p[names[1]] for p in front]
+    axis.plot(x, y, marker="o")
+    for point, xi, yi in zip(front, x, y):
+        axis.annotate("(" + ", ".join(f"{w:.2f}" for w in point["weights"]) + ")", (xi, yi), fontsize=7,
+                      textcoords="offset points", xytext=(4, 4))
+    axis.set(xlabel=names[0], ylabel=names[1], title="Pareto front: one model, swept preference weights")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -8,12 +8,14 @@ advantages over all ranks -> objective (+ regularizers) per micro-step with grad
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -25,7 +27,8 @@ from gyremedia.data import PromptSource
 from gyremedia.distributed import global_nanmeans, mean_over_ranks
 from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext
 from gyremedia.plugins import PluginManager, call_each
-from gyremedia.media_io import plot_metrics
+from gyremedia.media_io import plot_metrics, plot_pareto_front
+from gyremedia.monitor import HackingMonitor
 from gyremedia.rollout import Rollout
 from gyremedia.runs import EXPORT_DIR, RESOLVED_CONFIG
 from gyremedia.scoring import RewardError, Scorer, reward_error  # noqa: F401 - RewardError is part of the API
@@ -86,6 +89,18 @@ def check_process_layout(config: ResolvedConfig, num_processes: int) -> None:
             f"(processes x train.num_minibatches) = {per_rank // train.num_minibatches} a multiple of "
             f"rollout.group_size={rollout.group_size}"
         )
+
+
+#: Random stream of a Pareto run's preference weights (one draw per prompt group).
+PREFERENCE_STREAM = 4
+
+
+def preference_weights(seed: int, step: int, group_ids: torch.Tensor, count: int, concentration: float) -> torch.Tensor:
+    """``[B, count]`` reward-preference weights, one Dirichlet draw per group keyed by ``(seed, step, group)``
+    (the same on any number of processes)."""
+    rows = {g: np.random.default_rng([seed, step, PREFERENCE_STREAM, g]).dirichlet([concentration] * count)
+            for g in group_ids.unique().tolist()}
+    return torch.tensor(np.stack([rows[g] for g in group_ids.tolist()]), dtype=torch.float32)
 
 
 class Trainer:
@@ -150,9 +165,11 @@ class Trainer:
                     f"produces {state.backbone.media_kind!r} media"
                 )
         self.scorer = Scorer(self.config.rewards, state.rewards)
+        self.monitor = HackingMonitor(self.core.monitor, {s.name: state.plugins.build(s, context) for s in self.config.gold_rewards},
+                                      proxy=f"eval/{self.config.rewards[0].name}")
         state.regularizers = {s.name: state.plugins.build(s, context) for s in self.config.regularizers}
         state.loggers = [state.plugins.build(s, context) for s in self.config.loggers] if acc.is_main_process else []
-        components = [state.objective, *state.regularizers.values()]
+        components = [state.objective, *state.regularizers.values(), self.monitor]
         if any(getattr(c, "needs_reference", False) for c in components):
             state.backbone.enable_reference()
 
@@ -204,9 +221,14 @@ class Trainer:
         chunk = per_rank // self.core.train.num_minibatches
         parts, ancestors, forward_rows = [], [], 0
         state.backbone.trainable_module().eval()
+        pareto = self.core.pareto
+        preference = (preference_weights(self.core.run.seed, step, group_ids, len(self.config.rewards), pareto.concentration)
+                      if pareto.enabled else None)
         for begin in range(0, per_rank, chunk):
             span = slice(begin, begin + chunk)
             conditions = state.backbone.encode(prompts[span])
+            if preference is not None:
+                conditions["preference"] = preference[span].to(self.accelerator.device)
             if r.branch_steps:
                 # groups are whole in a chunk: its first member's conditions are its tree's
                 tree = sample_trees(
@@ -261,7 +283,9 @@ class Trainer:
             if len(bad):
                 raise reward_error(name, step, rollout.prompts, f"the score after gyremedia_process_rewards is "
                                    f"{values[bad[0]].item()}", int(bad[0]))
-        rollout.reward = sum(s.weight * rollout.rewards[s.name].float() for s in self.config.rewards)
+        preference = rollout.conditions.get("preference")
+        rollout.reward = sum(s.weight * rollout.rewards[s.name].float() * (1 if preference is None else preference[:, i])
+                             for i, s in enumerate(self.config.rewards))
         per_sample.update({f"reward/{name}": v for name, v in rollout.rewards.items()})
         metrics = global_nanmeans(acc, per_sample)
         for key in [k for k in metrics if k.endswith("/dropped")]:
@@ -272,6 +296,8 @@ class Trainer:
         adv, rewards = self.core.advantage, self.config.rewards
         matrix = torch.stack([rollout.rewards[s.name].float() for s in rewards], dim=1)
         weights = torch.tensor([s.weight for s in rewards])
+        if "preference" in rollout.conditions:  # Pareto: each group's own weights (times the rewards')
+            weights = rollout.conditions["preference"].float().cpu() * weights
         rollout.advantages, totals, groups = distributed_group_advantages(
             self.accelerator, matrix, weights, rollout.group_ids, rollout.sample_ids, adv.combine, adv.std, adv.eps)
         kept = torch.isfinite(totals)
@@ -364,12 +390,25 @@ class Trainer:
         if self.accelerator.is_main_process:
             result = evaluation.evaluate(self.config, state.backbone, self.eval_sampler, state.rewards)
             metrics = result.means()
+            self.monitor.on_eval(step, result, metrics, state.backbone, self.core.rollout.guidance_scale)
             name = "before" if step == 0 else "after" if step == self.core.train.steps else f"step-{step:06d}"
             evaluation.save_grid(result.media, result.prompts, self.run_dir / "samples" / f"{name}.png",
                                  self.core.eval.grid_size)
+            if self.core.pareto.enabled and step == self.core.train.steps:
+                metrics.update(self._pareto_front())
             state.plugins.hook.gyremedia_on_eval(state=state, media=result.media, metrics=metrics)
         self.accelerator.wait_for_everyone()
         return metrics
+
+    def _pareto_front(self) -> dict[str, float]:
+        """Sweep the preference weights of the trained model; write the front (json, plot) to the run folder."""
+        front = evaluation.pareto_front(self.config, self.state.backbone, self.eval_sampler, self.state.rewards)
+        (self.run_dir / "pareto_front.json").write_text(json.dumps(front, indent=1))
+        names = [s.name for s in self.config.rewards]
+        plot_pareto_front(front, names, self.run_dir / "pareto_front.png")
+        logger.info("pareto front: %s", "; ".join(f"{p['weights']}: " + ", ".join(f"{n} {p[n]:.3f}" for n in names)
+                                                  for p in front))
+        return {f"pareto/{i}/{name}": point[name] for i, point in enumerate(front) for name in names}
 
     # ------------------------------------------------------------------ loop
 
@@ -392,6 +431,7 @@ class Trainer:
         """Selected components with tensors to checkpoint (``state_dict``/``load_state_dict``)."""
         state = self.state
         candidates = {"objective": state.objective, "sampler": state.sampler, "weighting": state.weighting,
+                      "monitor": self.monitor,
                       **{f"reward/{k}": v for k, v in state.rewards.items()},
                       **{f"regularizer/{k}": v for k, v in state.regularizers.items()}}
         return {name: c for name, c in candidates.items()

@@ -7,6 +7,7 @@ Convention: ``x_sigma = (1 - sigma) x0 + sigma eps`` and the transformer predict
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,16 @@ class FlowMatchingOptions:
     max_sequence_length: int = 256  # T5 tokens (or zero padding when the pipeline has no T5)
     lora: LoraOptions = field(default_factory=LoraOptions)
     gradient_checkpointing: bool = False
+    # ParetoSlider: a trainable linear map (zero at start, so the base model is unchanged) adds a
+    # reward-preference weight vector of this length to the pooled text embedding; 0 = none.
+    preference_inputs: int = 0
+    # Its output is multiplied by this: under Adam a parameter moves about lr per step whatever its
+    # gradient's scale, so this is the embedder's learning-rate multiplier (the rest of the model
+    # already responds to its prompt; the new input must catch up within the run).
+    preference_scale: float = 100.0
+
+
+PREFERENCE_FILE = "preference_embedder.safetensors"
 
 
 class FlowMatchingBackbone:
@@ -81,11 +92,29 @@ class FlowMatchingBackbone:
             for p in self.transformer.parameters():
                 if p.requires_grad:
                     p.data = p.data.float()
+        self.preference_embedder: torch.nn.Linear | None = None
+        if options.preference_inputs:
+            self._add_preference_embedder(options.preference_inputs)
         if options.gradient_checkpointing:
             self.transformer.enable_gradient_checkpointing()
         self._training_module: torch.nn.Module = self.transformer
         self._prompt_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._negative: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _add_preference_embedder(self, inputs: int) -> None:
+        """A zero-initialised ``Linear(inputs, pooled_dim)``, a submodule of the transformer so it trains and
+        checkpoints with it; loaded from the pretrained folder when one saved it."""
+        dim = self.transformer.config.pooled_projection_dim
+        embedder = torch.nn.Linear(inputs, dim).to(self.device)
+        torch.nn.init.zeros_(embedder.weight)
+        torch.nn.init.zeros_(embedder.bias)
+        saved = Path(self.options.pretrained or "") / PREFERENCE_FILE
+        if self.options.pretrained and saved.is_file():
+            from safetensors.torch import load_file
+
+            embedder.load_state_dict(load_file(str(saved), device=str(self.device)))
+        self.transformer.add_module("preference_embedder", embedder)
+        self.preference_embedder = embedder
 
     # ------------------------------------------------------------------ training plumbing
 
@@ -104,13 +133,20 @@ class FlowMatchingBackbone:
         if self.options.lora.enabled:
             from peft import get_peft_model_state_dict
 
-            return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.transformer).items()}
+            state = get_peft_model_state_dict(self.transformer)
+            if self.preference_embedder is not None:
+                state.update({f"preference_embedder.{k}": v for k, v in self.preference_embedder.state_dict().items()})
+            return {k: v.detach().clone() for k, v in state.items()}
         return {k: v.detach().clone() for k, v in self.transformer.state_dict().items()}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if self.options.lora.enabled:
             from peft import set_peft_model_state_dict
 
+            prefix = "preference_embedder."
+            if self.preference_embedder is not None:
+                self.preference_embedder.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+            state = {k: v for k, v in state.items() if not k.startswith(prefix)}
             result = set_peft_model_state_dict(self.transformer, state)
             if getattr(result, "unexpected_keys", None):
                 raise ValueError(f"checkpoint has adapter weights this model lacks: {result.unexpected_keys[:5]}")
@@ -158,7 +194,13 @@ class FlowMatchingBackbone:
 
     def predict(self, x: torch.Tensor, sigma: torch.Tensor, conditions: dict[str, torch.Tensor],
                 guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+        """``conditions["preference"]`` (``[B, preference_inputs]``), when present, conditions the policy
+        (never the reference, which is the base model) on reward-preference weights."""
         embeds, pooled = conditions["prompt_embeds"], conditions["pooled_projections"]
+        if "preference" in conditions and not reference:
+            if self.preference_embedder is None:
+                raise ValueError("preference weights given, but backbone.preference_inputs is 0")
+            pooled = pooled + self.options.preference_scale * self.preference_embedder(conditions["preference"].to(pooled.dtype))
         if guidance_scale > 1.0:
             negative_embeds, negative_pooled = self._negative_conditions(x.shape[0])
             x_in = torch.cat([x, x])
@@ -207,13 +249,34 @@ class FlowMatchingBackbone:
         """Write a ``StableDiffusion3Pipeline`` folder that diffusers loads without gyremedia.
 
         Under LoRA, ``merge_lora`` folds the adapters into a copy of the weights; otherwise only the
-        adapters are written, in the format ``pipe.load_lora_weights(out_dir)`` reads.
+        adapters are written, in the format ``pipe.load_lora_weights(out_dir)`` reads. A preference
+        embedder (ParetoSlider) goes beside them in ``PREFERENCE_FILE``.
         """
-        from diffusers import StableDiffusion3Pipeline
-
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "README.md").write_text(self._usage(out_dir, adapters_only=self.options.lora.enabled and not merge_lora))
+        with self._preference_detached():
+            self._save_pipeline(out_dir, merge_lora)
+
+    @contextlib.contextmanager
+    def _preference_detached(self):
+        """Within the block the transformer lacks the preference embedder, so its saved weights are stock SD3's."""
+        if self.preference_embedder is None:
+            yield
+            return
+        del self.transformer.preference_embedder
+        try:
+            yield
+        finally:
+            self.transformer.add_module("preference_embedder", self.preference_embedder)
+
+    def _save_pipeline(self, out_dir: Path, merge_lora: bool) -> None:
+        from diffusers import StableDiffusion3Pipeline
+
+        if self.preference_embedder is not None:
+            from safetensors.torch import save_file
+
+            save_file({k: v.contiguous() for k, v in self.preference_embedder.state_dict().items()}, str(out_dir / PREFERENCE_FILE))
         if not self.options.lora.enabled:
             self.pipeline.save_pretrained(out_dir)
             return
@@ -250,6 +313,10 @@ class FlowMatchingBackbone:
                       "with `text_encoder_3=None, tokenizer_3=None`, and was trained with "
                       f"`max_sequence_length={self.options.max_sequence_length}`", "zero tokens standing in for T5: "
                       "pass the same value when generating.", ""]
+        if self.preference_embedder is not None:
+            lines += [f"`{PREFERENCE_FILE}` holds the preference input (ParetoSlider) this model was trained with: "
+                      "gyremedia loads it", f"with `backbone.pretrained=<this folder> backbone.preference_inputs="
+                      f"{self.options.preference_inputs}`. Plain diffusers generates without it.", ""]
         return "\n".join(lines)
 
 

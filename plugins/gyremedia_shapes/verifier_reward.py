@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -14,6 +14,9 @@ from gyremedia_shapes.verifier import CRITERIA, verify
 @dataclass
 class ShapesVerifierOptions:
     partial_credit: bool = True  # score = share of the prompt's criteria met; else 1 only if all are
+    # The criteria the score counts (the components report all of them): a subset makes a proxy whose
+    # other criteria can serve as a held-out "gold" reward (monitor.gold).
+    criteria: list[str] = field(default_factory=lambda: list(CRITERIA))
 
 
 class ShapesVerifierReward:
@@ -26,15 +29,18 @@ class ShapesVerifierReward:
     kinds = {"image"}
 
     def __init__(self, options: ShapesVerifierOptions, context=None) -> None:
+        unknown = [c for c in options.criteria if c not in CRITERIA]
+        if unknown or not options.criteria:
+            raise ValueError(f"criteria={list(options.criteria)}: choose among {', '.join(CRITERIA)}")
         self.partial_credit = options.partial_credit
+        self.criteria = list(options.criteria)
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
         images = media.data.detach().float().cpu().clamp(0, 1).permute(0, 2, 3, 1).numpy()
         results = [verify(image, prompt) for image, prompt in zip(images, prompts)]
         out = {name: torch.tensor([float(r[name]) if name in r else np.nan for r in results]) for name in CRITERIA}
         out["correct"] = torch.tensor([float(r["correct"]) for r in results])
-        if self.partial_credit:
-            out["score"] = torch.tensor([np.mean([r[c] for c in CRITERIA if c in r]) for r in results], dtype=torch.float32)
-        else:
-            out["score"] = out["correct"].clone()
+        counted = [[r[c] for c in self.criteria if c in r] for r in results]  # NaN where none applies
+        combine = np.mean if self.partial_credit else np.all
+        out["score"] = torch.tensor([float(combine(c)) if c else np.nan for c in counted], dtype=torch.float32)
         return out

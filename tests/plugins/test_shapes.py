@@ -66,3 +66,10 @@ def test_reward_scores_partial_credit_per_criterion():
     assert wrong["score"].tolist() == pytest.approx([0.75, 2 / 3])
     strict = ShapesVerifierReward(ShapesVerifierOptions(partial_credit=False))
     assert strict(Media("image", images), ["a red circle right of a blue square", "two green triangles"])["score"].tolist() == [0.0, 1.0]
+    # a proxy counting some criteria only; a criterion that applies to no prompt criterion leaves NaN
+    proxy = ShapesVerifierReward(ShapesVerifierOptions(criteria=["object", "colour"]))
+    assert proxy(Media("image", images), ["a red circle right of a blue square", "three green triangles"])["score"].tolist() == [1.0, 1.0]
+    position = ShapesVerifierReward(ShapesVerifierOptions(criteria=["position"]))(Media("image", images), prompts)["score"]
+    assert position[0] == 1.0 and torch.isnan(position[1])
+    with pytest.raises(ValueError, match="choose among object, colour, count, position"):
+        ShapesVerifierReward(ShapesVerifierOptions(criteria=["size"]))

@@ -1,0 +1,112 @@
+"""The reward-hacking monitor: is the policy getting better, or only better at the proxy?
+
+At every evaluation it adds, beside the training rewards' scores on the eval prompts:
+
+- ``eval/gold/<name>``: held-out "gold" rewards (``monitor.gold``), scored on the same eval media but
+  never trained on: what the proxy is meant to stand for;
+- ``eval/drift``: how far the policy's velocity has moved from the reference's on the eval samples,
+  ``mean ||v - v_ref||^2 / mean ||v_ref||^2`` at ``monitor.drift_levels`` noise levels (with
+  ``monitor.drift: true``; it keeps the reference policy);
+
+and warns (``monitor/hacking = 1`` and a log warning) when the proxy rose by more than
+``monitor.tolerance`` since the previous evaluation while a gold reward fell by more than it, and
+(``monitor/collapse = 1``) when in-group diversity fell below ``monitor.min_diversity`` times the
+first evaluation's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from gyremedia.evaluation import EvalResult, nanmean, score
+from gyremedia.sampling import noise_like, sample_generators
+
+logger = logging.getLogger("gyremedia")
+
+#: Random stream of the drift measurement's re-noising (training uses 0-4).
+DRIFT_NOISE = 5
+
+
+class HackingMonitor:
+    """Gold rewards, velocity drift and the proxy-up-gold-down warning at each evaluation."""
+
+    def __init__(self, settings: Any, gold: dict[str, Any], proxy: str) -> None:
+        """``proxy``: the metric key of the training reward the gold rewards are compared with."""
+        self.settings = settings
+        self.gold = gold
+        self.proxy = proxy  # metric key of the training proxy, e.g. "eval/shapes_verifier"
+        self.previous: dict[str, float] | None = None
+        self.first_diversity: float | None = None
+
+    @property
+    def needs_reference(self) -> bool:
+        return bool(self.settings.drift)
+
+    def on_eval(self, step: int, result: EvalResult, metrics: dict[str, float], backbone: Any,
+                guidance_scale: float) -> None:
+        """Add the gold scores, drift and warnings for the evaluation at ``step`` to ``metrics``."""
+        for key, values in score(self.gold, result.media, result.prompts).items():
+            metrics[f"eval/gold/{key}"] = nanmean(values)
+        if self.settings.drift:
+            metrics["eval/drift"] = velocity_drift(backbone, result, self.settings.drift_levels, guidance_scale)
+        current = {k: v for k, v in metrics.items() if k == self.proxy or k.startswith("eval/gold/")}
+        if self.gold:
+            metrics["monitor/hacking"] = float(self._hacking(step, current))
+        diversity = metrics.get("eval/diversity", math.nan)
+        if self.first_diversity is None:
+            self.first_diversity = diversity
+        collapsed = diversity < self.settings.min_diversity * self.first_diversity
+        if collapsed:
+            logger.warning("in-group diversity at step %d is %.3f, below %.0f%% of the first evaluation's %.3f: "
+                           "mode collapse?", step, diversity, 100 * self.settings.min_diversity, self.first_diversity)
+        metrics["monitor/collapse"] = float(collapsed)
+        self.previous = current
+
+    def _hacking(self, step: int, current: dict[str, float]) -> bool:
+        if self.previous is None or self.proxy not in current:
+            return False
+        tol = self.settings.tolerance
+        proxy_gain = current[self.proxy] - self.previous[self.proxy]
+        fallen = {k: (self.previous[k], v) for k, v in current.items()
+                  if k.startswith("eval/gold/") and k in self.previous and v < self.previous[k] - tol}
+        if proxy_gain > tol and fallen:
+            logger.warning("reward hacking? at step %d the proxy %s rose %.4f -> %.4f while %s", step, self.proxy,
+                           self.previous[self.proxy], current[self.proxy],
+                           ", ".join(f"{k} fell {a:.4f} -> {b:.4f}" for k, (a, b) in fallen.items()))
+            return True
+        return False
+
+    def state_dict(self) -> dict:
+        return {"previous": self.previous, "first_diversity": self.first_diversity}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self.previous, self.first_diversity = state["previous"], state["first_diversity"]
+
+
+@torch.no_grad()
+def velocity_drift(backbone: Any, result: EvalResult, levels: int, guidance_scale: float,
+                   batch_size: int = 64) -> float:
+    """``mean ||v - v_ref||^2 / mean ||v_ref||^2`` on the eval samples' clean states re-noised at
+    ``levels`` evenly spaced noise levels (fixed noise, so evaluations compare)."""
+    finals = result.extras.get("final_states")
+    if finals is None:
+        return math.nan
+    gap = norm = 0.0
+    for begin in range(0, len(finals), batch_size):
+        x0 = finals[begin:begin + batch_size]
+        conditions = backbone.encode(result.prompts[begin:begin + len(x0)])
+        if "preference" in result.extras:
+            conditions["preference"] = result.extras["preference"].to(x0.device).expand(len(x0), -1)
+        noise = noise_like(x0, sample_generators(0, 0, DRIFT_NOISE, list(range(begin, begin + len(x0)))))
+        for t in torch.linspace(0, 1, levels + 2)[1:-1].tolist():
+            xt = (1 - t) * x0 + t * noise
+            v = backbone.predict(xt, torch.tensor(t), conditions, guidance_scale).float()
+            v_ref = backbone.predict(xt, torch.tensor(t), conditions, guidance_scale, reference=True).float()
+            gap += float((v - v_ref).pow(2).sum())
+            norm += float(v_ref.pow(2).sum())
+    return gap / max(norm, 1e-12)
