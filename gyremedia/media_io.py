@@ -63,20 +63,24 @@ def plot_metrics(metrics_file: Path, path: Path, eval_keys: list[str], keys: lis
     plt.close(figure)
 
 
-def plot_pareto_front(front: list[dict], names: list[str], path: Path) -> None:
-    """Reward ``names[0]`` against ``names[1]`` at each swept preference, labelled with its weights."""
+def plot_pareto_front(front: list[dict], names: list[str], path: Path, base: dict[str, float] | None = None) -> None:
+    """Reward ``names[0]`` against ``names[1]`` at each swept preference, labelled with its weights
+    (and the base model's point, when known)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(4.5, 4))
+    figure, axis = plt.subplots(figsize=(6, 4.5))
     x, y = [p[names[0]] for p in front], [p[names[1]] for p in front]
-    axis.plot(x, y, marker="o")
+    axis.plot(x, y, marker="o", label="trained model, swept preference")
+    if base is not None:
+        axis.plot([base[names[0]]], [base[names[1]]], marker="s", color="grey", linestyle="none", label="base model")
+        axis.legend(fontsize=8)
     for point, xi, yi in zip(front, x, y):
         axis.annotate("(" + ", ".join(f"{w:.2f}" for w in point["weights"]) + ")", (xi, yi), fontsize=7,
                       textcoords="offset points", xytext=(4, 4))
-    axis.set(xlabel=names[0], ylabel=names[1], title="Pareto front: one model, swept preference weights")
+    axis.set(xlabel=names[0], ylabel=names[1], title="Pareto front (preference weights in brackets)")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -119,6 +119,7 @@ class Trainer:
         # With async scoring: the next step's rollout, sampled and being scored. Not checkpointed: a
         # resumed run samples it again with the restored policy.
         self._pending: dict[int, tuple[Rollout, dict[str, Any], float]] = {}
+        self._base_metrics: dict[str, float] | None = None  # the step-0 evaluation (not kept across a resume)
 
     # ------------------------------------------------------------------ set-up
 
@@ -394,6 +395,8 @@ class Trainer:
             name = "before" if step == 0 else "after" if step == self.core.train.steps else f"step-{step:06d}"
             evaluation.save_grid(result.media, result.prompts, self.run_dir / "samples" / f"{name}.png",
                                  self.core.eval.grid_size)
+            if step == 0:
+                self._base_metrics = metrics
             if self.core.pareto.enabled and step == self.core.train.steps:
                 metrics.update(self._pareto_front())
             state.plugins.hook.gyremedia_on_eval(state=state, media=result.media, metrics=metrics)
@@ -405,7 +408,9 @@ class Trainer:
         front = evaluation.pareto_front(self.config, self.state.backbone, self.eval_sampler, self.state.rewards)
         (self.run_dir / "pareto_front.json").write_text(json.dumps(front, indent=1))
         names = [s.name for s in self.config.rewards]
-        plot_pareto_front(front, names, self.run_dir / "pareto_front.png")
+        base = self._base_metrics
+        plot_pareto_front(front, names, self.run_dir / "pareto_front.png",
+                          base={n: base[f"eval/{n}"] for n in names} if base else None)
         logger.info("pareto front: %s", "; ".join(f"{p['weights']}: " + ", ".join(f"{n} {p[n]:.3f}" for n in names)
                                                   for p in front))
         return {f"pareto/{i}/{name}": point[name] for i, point in enumerate(front) for name in names}

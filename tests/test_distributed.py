@@ -14,9 +14,9 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 OVERRIDES = ["rollout.batch_size=12", "rollout.group_size=4", "train.steps=3", "checkpoint.every=100"]
 
 
-def run_worker(tiny_yaml, out: Path, processes: int) -> list[dict]:
+def run_worker(tiny_yaml, out: Path, processes: int, extra: tuple[str, ...] = ()) -> list[dict]:
     out.mkdir()
-    overrides = [*OVERRIDES, f"run.output_dir={out / 'run'}"]
+    overrides = [*OVERRIDES, *extra, f"run.output_dir={out / 'run'}"]
     if processes == 1:
         command = [sys.executable, str(WORKER), str(tiny_yaml), str(out), *overrides]
     else:
@@ -50,3 +50,20 @@ def test_two_processes_match_one_process(tiny_yaml, tmp_path):
     assert ranks[0]["weights"] == ranks[1]["weights"]
     # Keys present on one rank only are still averaged over every rank, without a mismatched collective.
     assert ranks[0]["uneven_means"] == ranks[1]["uneven_means"] == {"rank0_only": 1.0, "rank1_only": 2.0, "shared": 0.5}
+
+
+PARETO_AND_HINGE = ("pareto.enabled=true", "backbone.preference_inputs=2", "rewards=[jpeg_compressibility, shapes_verifier]",
+                    "regularizers=[velocity_norm_hinge]")
+
+
+@pytest.mark.slow
+def test_pareto_preferences_and_hinge_buckets_on_two_processes(tiny_yaml, tmp_path):
+    """Per-group preference weights are the same whatever rank holds the group; the preference input
+    (used outside the transformer's own forward) and the hinge's per-bucket collective keep ranks in step."""
+    (single,) = run_worker(tiny_yaml, tmp_path / "one", 1, PARETO_AND_HINGE)
+    ranks = run_worker(tiny_yaml, tmp_path / "two", 2, PARETO_AND_HINGE)
+    for step in range(3):
+        advantages = torch.tensor(ranks[0]["steps"][step]["advantages"] + ranks[1]["steps"][step]["advantages"])
+        torch.testing.assert_close(advantages, torch.tensor(single["steps"][step]["advantages"]), rtol=0, atol=1e-4)
+        assert ranks[0]["steps"][step]["reward_metric"] == ranks[1]["steps"][step]["reward_metric"]
+    assert ranks[0]["weights"] == ranks[1]["weights"]

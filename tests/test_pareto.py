@@ -4,6 +4,7 @@ weighted per sample, config errors that name the fix, and the front swept after 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,3 +110,24 @@ def test_eval_reports_the_trained_models_front(make_config, tmp_path, capsys):
     assert main(["eval", str(tmp_path / "run"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [p["weights"] for p in report["pareto_front"]] == sweep_weights(2, 5).tolist()
+
+
+@pytest.mark.slow
+def test_the_pareto_config_learns_a_front_whose_extremes_each_win_their_own_reward(tmp_path):
+    """configs/pareto.yaml end to end (about 4 minutes on 2 CPU cores): one model, five preferences."""
+    import subprocess
+    import sys
+
+    from gyremedia.config import load_config
+
+    run, config = tmp_path / "pareto", Path(__file__).resolve().parents[1] / "configs" / "pareto.yaml"
+    train = subprocess.run([sys.executable, "-m", "gyremedia.cli", "train", str(config), f"run.output_dir={run}",
+                            "export.on_train_end=false", "logging.progress=false"], capture_output=True, text=True,
+                           timeout=1200)
+    assert train.returncode == 0, train.stderr[-4000:]
+    front = json.loads((run / "pareto_front.json").read_text())
+    print(json.dumps(front, indent=1))
+    names = [r["name"] for r in load_config(config).rewards]
+    assert len(front) == 5 and (run / "pareto_front.png").is_file()
+    first, last = front[0], front[-1]  # all weight on names[0] / all weight on names[1]
+    assert first[names[0]] > last[names[0]] and last[names[1]] > first[names[1]]

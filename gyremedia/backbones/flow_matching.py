@@ -44,7 +44,7 @@ class FlowMatchingOptions:
     # Its output is multiplied by this: under Adam a parameter moves about lr per step whatever its
     # gradient's scale, so this is the embedder's learning-rate multiplier (the rest of the model
     # already responds to its prompt; the new input must catch up within the run).
-    preference_scale: float = 100.0
+    preference_scale: float = 1000.0
 
 
 PREFERENCE_FILE = "preference_embedder.safetensors"
