@@ -1,16 +1,15 @@
 """Does the velocity-norm hinge hold the norm inflation down without costing reward? Measured in one run.
 
-    python benchmarks/regularizers.py [--seeds 0 1 2] [--steps 100] [--weight 1.0]
+    python benchmarks/regularizers.py [--seeds 0 1 2] [--steps 100] [--weights 0.03 0.1]
 
-Trains the quickstart (DiffusionNFT on the tiny ShapesBench model) twice per seed from the same base:
-with ``velocity_norm_hinge`` at weight 0 (it only measures) and at ``--weight``. The proxy reward is
+Trains the quickstart (DiffusionNFT on the tiny ShapesBench model) per seed from the same base:
+with ``velocity_norm_hinge`` at weight 0 (it only measures) and at each of ``--weights``. The proxy reward is
 the verifier with the object, colour and count criteria only; the held-out gold reward is the
 criterion it never sees (position, on the relation prompts), scored on the eval prompts by the
 reward-hacking monitor, which also measures the velocity drift from the base model. Prints, per
 setting (mean over seeds): the inflation |v| / |v_ref| over the last quarter of training (overall
 and per noise-level bucket), the proxy reward reached (training, last quarter; and on the eval
-prompts), the gold reward and the drift at the end, and the hinged run's figures relative to the
-unhinged one's.
+prompts), the gold reward and the drift at the end, and each hinged setting relative to no hinge.
 """
 
 from __future__ import annotations
@@ -63,13 +62,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--weight", type=float, default=1.0, help="the hinge's weight in the hinged runs")
+    parser.add_argument("--weights", type=float, nargs="+", default=[0.03, 0.1], help="the hinge's weights to compare")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/regularizers.json"))
     args = parser.parse_args()
-    results: dict[str, list[dict]] = {"no hinge": [], f"hinge {args.weight:g}": []}
+    weights = [0.0, *args.weights]
+    results: dict[str, list[dict]] = {("no hinge" if w == 0 else f"hinge {w:g}"): [] for w in weights}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
-            for label, weight in zip(results, (0.0, args.weight)):
+            for label, weight in zip(results, weights):
                 rows = run(weight, seed, args.steps, Path(tmp) / f"{weight}-{seed}")
                 results[label].append(summarise(rows, args.steps))
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -85,10 +85,11 @@ def main() -> None:
     print("|---" * (len(keys) + 1) + "|")
     for label, row in means.items():
         print(f"| {label} | " + " | ".join(f"{row[k]:.4f}" for k in keys) + " |")
-    plain, hinged = means.values()
-    print(f"hinge vs none: inflation - 1: {plain['inflation'] - 1:+.4f} -> {hinged['inflation'] - 1:+.4f}; "
-          f"training proxy {hinged['train_proxy'] - plain['train_proxy']:+.4f}, eval proxy "
-          f"{hinged['eval_proxy'] - plain['eval_proxy']:+.4f}, gold {hinged['gold'] - plain['gold']:+.4f}")
+    plain = means["no hinge"]
+    for label, hinged in list(means.items())[1:]:
+        print(f"{label} vs none: inflation - 1: {plain['inflation'] - 1:+.4f} -> {hinged['inflation'] - 1:+.4f}; "
+              f"training proxy {hinged['train_proxy'] - plain['train_proxy']:+.4f}, eval proxy "
+              f"{hinged['eval_proxy'] - plain['eval_proxy']:+.4f}, gold {hinged['gold'] - plain['gold']:+.4f}")
     for label, runs in results.items():
         print(f"  {label} per seed: " + "; ".join(f"inflation {s['inflation']:.4f} proxy {s['eval_proxy']:.3f} "
                                                   f"gold {s['gold']:.3f}" for s in runs))
