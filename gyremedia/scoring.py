@@ -36,6 +36,10 @@ class MalformedRewardOutput(ValueError):
     """A reward returned the wrong keys or shapes: a bug in the reward, fatal under every policy."""
 
 
+#: Component names a reward may not return: the trainer logs ``reward/<name>/dropped`` itself.
+RESERVED_COMPONENTS = frozenset({"dropped"})
+
+
 def call_reward(reward: Any, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
     """One reward's components for a batch, as float32 CPU tensors ``[B]`` (shapes checked)."""
     size = int(getattr(reward, "batch_size", None) or len(prompts)) or 1
@@ -54,13 +58,17 @@ def call_reward(reward: Any, media: Media, prompts: list[str]) -> dict[str, torc
         raise MalformedRewardOutput(f"returned keys {sorted(keys)} without a 'score'")
     if any(set(p) != keys for p in parts):
         raise MalformedRewardOutput("returned different keys for different chunks of the batch")
+    reserved = keys & RESERVED_COMPONENTS
+    if reserved:
+        raise MalformedRewardOutput(f"returned a component named {sorted(reserved)[0]!r}, a name the trainer uses for "
+                                    "its own per-reward metrics: rename it")
     components = {}
     for key in parts[0]:
-        value = torch.cat([torch.as_tensor(p[key], dtype=torch.float32).detach().cpu().reshape(-1) for p in parts])
-        shapes = [tuple(torch.as_tensor(p[key]).shape) for p in parts]
-        if len(value) != len(prompts) or any(len(s) != 1 for s in shapes):
+        chunks = [torch.as_tensor(p[key], dtype=torch.float32).detach().cpu() for p in parts]
+        shapes = [tuple(chunk.shape) for chunk in chunks]
+        if sum(chunk.numel() for chunk in chunks) != len(prompts) or any(len(s) != 1 for s in shapes):
             raise MalformedRewardOutput(f"'{key}' has shape {shapes[0] if len(shapes) == 1 else shapes}, expected ({len(prompts)},)")
-        components[key] = value
+        components[key] = torch.cat(chunks)
     return components
 
 

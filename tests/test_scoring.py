@@ -71,6 +71,8 @@ class Failing:
             scores[5] = float("nan")
         if self.how == "no_score":
             return {"value": scores}
+        if self.how == "reserved":
+            return {"score": scores, "dropped": scores}
         return scores
 
 
@@ -100,6 +102,8 @@ def test_drop_policy_marks_failed_samples_and_never_zeros_them():
 def test_malformed_output_fails_even_under_drop():
     with pytest.raises(RewardError, match="returned keys \\['value'\\] without a 'score'"):
         score_with("no_score", on_failure="drop")
+    with pytest.raises(RewardError, match="component named 'dropped'.*rename it"):
+        score_with("reserved", on_failure="drop")
 
 
 def test_timeout_drops_the_call_and_later_calls_do_not_queue_behind_it():
