@@ -61,6 +61,15 @@ def nanmean(values: torch.Tensor) -> float:
     return float(values.mean()) if len(values) else math.nan
 
 
+def encode(backbone: Any, prompts: list[str], preference: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The backbone's conditions for ``prompts``, with one ``preference`` weight vector for every
+    sample when given (a Pareto model)."""
+    conditions = backbone.encode(prompts)
+    if preference is not None:
+        conditions["preference"] = preference.to(next(iter(conditions.values())).device).expand(len(prompts), -1)
+    return conditions
+
+
 @torch.no_grad()
 def generate(backbone: Any, sampler: Any, prompts: list[str], *, seed: int, num_steps: int,
              guidance_scale: float, batch_size: int = 64,
@@ -71,11 +80,8 @@ def generate(backbone: Any, sampler: Any, prompts: list[str], *, seed: int, num_
     for begin in range(0, len(prompts), batch_size):
         chunk = prompts[begin:begin + batch_size]
         ids = list(range(begin, begin + len(chunk)))
-        conditions = backbone.encode(chunk)
-        if preference is not None:
-            conditions["preference"] = preference.to(next(iter(conditions.values())).device).expand(len(chunk), -1)
         states, _, _ = sample_trajectories(
-            backbone, sampler, conditions,
+            backbone, sampler, encode(backbone, chunk, preference),
             initial_generators=sample_generators(seed, 0, INITIAL_NOISE, ids),
             step_generators=sample_generators(seed, 0, STEP_NOISE, ids),
             num_steps=num_steps, guidance_scale=guidance_scale,

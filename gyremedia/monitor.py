@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from gyremedia.evaluation import EvalResult, nanmean, score
+from gyremedia.evaluation import EvalResult, encode, nanmean, score
 from gyremedia.sampling import noise_like, sample_generators
 
 logger = logging.getLogger("gyremedia")
@@ -99,9 +99,7 @@ def velocity_drift(backbone: Any, result: EvalResult, levels: int, guidance_scal
     gap = norm = 0.0
     for begin in range(0, len(finals), batch_size):
         x0 = finals[begin:begin + batch_size]
-        conditions = backbone.encode(result.prompts[begin:begin + len(x0)])
-        if "preference" in result.extras:
-            conditions["preference"] = result.extras["preference"].to(x0.device).expand(len(x0), -1)
+        conditions = encode(backbone, result.prompts[begin:begin + len(x0)], result.extras.get("preference"))
         noise = noise_like(x0, sample_generators(0, 0, DRIFT_NOISE, list(range(begin, begin + len(x0)))))
         for t in torch.linspace(0, 1, levels + 2)[1:-1].tolist():
             xt = (1 - t) * x0 + t * noise

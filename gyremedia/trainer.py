@@ -284,21 +284,26 @@ class Trainer:
             if len(bad):
                 raise reward_error(name, step, rollout.prompts, f"the score after gyremedia_process_rewards is "
                                    f"{values[bad[0]].item()}", int(bad[0]))
-        preference = rollout.conditions.get("preference")
-        rollout.reward = sum(s.weight * rollout.rewards[s.name].float() * (1 if preference is None else preference[:, i])
-                             for i, s in enumerate(self.config.rewards))
+        matrix, weights = self.weighted_rewards(rollout)
+        rollout.reward = (matrix * weights.to(matrix.device)).sum(dim=1)
         per_sample.update({f"reward/{name}": v for name, v in rollout.rewards.items()})
         metrics = global_nanmeans(acc, per_sample)
         for key in [k for k in metrics if k.endswith("/dropped")]:
             metrics[key] *= self.core.rollout.batch_size  # a count over the whole batch, not a share
         return metrics
 
-    def compute_advantages(self, rollout: Rollout) -> dict[str, float]:
-        adv, rewards = self.core.advantage, self.config.rewards
-        matrix = torch.stack([rollout.rewards[s.name].float() for s in rewards], dim=1)
-        weights = torch.tensor([s.weight for s in rewards])
-        if "preference" in rollout.conditions:  # Pareto: each group's own weights (times the rewards')
+    def weighted_rewards(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scores ``[B, R]`` (one column per reward) and their weights: ``[R]``, or ``[B, R]`` in a
+        Pareto run (each group's preference times the rewards' weights)."""
+        matrix = torch.stack([rollout.rewards[s.name].float() for s in self.config.rewards], dim=1)
+        weights = torch.tensor([s.weight for s in self.config.rewards])
+        if "preference" in rollout.conditions:
             weights = rollout.conditions["preference"].float().cpu() * weights
+        return matrix, weights
+
+    def compute_advantages(self, rollout: Rollout) -> dict[str, float]:
+        adv = self.core.advantage
+        matrix, weights = self.weighted_rewards(rollout)
         rollout.advantages, totals, groups = distributed_group_advantages(
             self.accelerator, matrix, weights, rollout.group_ids, rollout.sample_ids, adv.combine, adv.std, adv.eps)
         kept = torch.isfinite(totals)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gyremedia import hookimpl
+from gyremedia.smoothing import SmoothedMetric
 
 logger = logging.getLogger("gyremedia")
 
@@ -156,20 +157,17 @@ class Dynamic:
     """
 
     def __init__(self, options: DynamicOptions, context=None) -> None:
-        if not 0 <= options.smoothing < 1:
-            raise ValueError(f"weighting.smoothing={options.smoothing}: use a value in [0, 1)")
         if min(options.early_power, options.late_power) < 0:
             raise ValueError("weighting.early_power and late_power must be >= 0")
         self.options = options
-        self.gap: float | None = None
-        self.initial_gap: float | None = None
+        self.gap = SmoothedMetric(options.smoothing)
 
     @property
     def power(self) -> float:
         o = self.options
-        if self.gap is None:
+        if self.gap.value is None:
             return o.early_power
-        progress = min(1.0, self.gap / max(self.initial_gap, 1e-12))
+        progress = min(1.0, self.gap.value / max(self.gap.first, 1e-12))
         return o.late_power + (o.early_power - o.late_power) * progress
 
     def __call__(self, error: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -177,22 +175,15 @@ class Dynamic:
 
     @hookimpl
     def gyremedia_on_step_end(self, state, metrics: dict[str, float]) -> None:
-        gap = metrics.get("reward_group_std")
-        if gap is None or gap != gap:  # no finite gap this step (every sample dropped)
-            return
-        if self.gap is None:
-            self.gap = self.initial_gap = gap
-        else:
-            self.gap = self.options.smoothing * self.gap + (1 - self.options.smoothing) * gap
-        metrics["weighting/power"] = self.power
-        metrics["weighting/gap"] = self.gap
+        if self.gap.update(metrics.get("reward_group_std")):
+            metrics["weighting/power"] = self.power
+            metrics["weighting/gap"] = self.gap.value
 
     def state_dict(self) -> dict:
-        return {"gap": self.gap, "initial_gap": self.initial_gap}
+        return self.gap.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        if state:
-            self.gap, self.initial_gap = state["gap"], state["initial_gap"]
+        self.gap.load_state_dict(state)
 
 
 @hookimpl

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gyremedia import hookimpl
+from gyremedia.smoothing import SmoothedMetric
 
 MODES = ("none", "relax", "tighten")
 
@@ -31,42 +32,35 @@ class AdaptiveOptions:
 class RewardAdaptiveStrength:
     """Base of regularizers whose loss is scaled by the reward's progress (see the module docstring)."""
 
-    def __init__(self, options: AdaptiveOptions) -> None:
+    def __init__(self, options: AdaptiveOptions, context=None) -> None:
         if options.adapt not in MODES:
             raise ValueError(f"adapt={options.adapt!r}: expected one of {', '.join(MODES)}")
-        if not 0 <= options.min_scale <= 1 or not 0 <= options.smoothing < 1:
-            raise ValueError("min_scale must be in [0, 1] and smoothing in [0, 1)")
+        if not 0 <= options.min_scale <= 1:
+            raise ValueError("min_scale must be in [0, 1]")
         self.adaptive = options
-        self.start: float | None = None
-        self.reward: float | None = None
+        self.reward = SmoothedMetric(options.smoothing)
 
     @property
     def scale(self) -> float:
         o = self.adaptive
         if o.adapt == "none":
             return 1.0
-        if self.reward is None:  # before the first step: no progress yet
+        if self.reward.value is None:  # before the first step: no progress yet
             progress = 0.0
         else:
-            span = o.adapt_until - self.start
-            progress = min(1.0, max(0.0, (self.reward - self.start) / span)) if span > 0 else 1.0
+            span = o.adapt_until - self.reward.first
+            progress = min(1.0, max(0.0, (self.reward.value - self.reward.first) / span)) if span > 0 else 1.0
         if o.adapt == "relax":
             return 1.0 - (1.0 - o.min_scale) * progress
         return o.min_scale + (1.0 - o.min_scale) * progress
 
     @hookimpl
     def gyremedia_on_step_end(self, state, metrics: dict[str, float]) -> None:
-        reward = metrics.get("reward")
-        if self.adaptive.adapt == "none" or reward is None or reward != reward:
-            return
-        if self.reward is None:
-            self.start = self.reward = reward
-        else:
-            self.reward = self.adaptive.smoothing * self.reward + (1 - self.adaptive.smoothing) * reward
+        if self.adaptive.adapt != "none":
+            self.reward.update(metrics.get("reward"))
 
     def state_dict(self) -> dict:
-        return {"start": self.start, "reward": self.reward}
+        return self.reward.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        if state:
-            self.start, self.reward = state["start"], state["reward"]
+        self.reward.load_state_dict(state)

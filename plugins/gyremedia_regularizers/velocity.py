@@ -101,7 +101,7 @@ class VelocityKL(RewardAdaptiveStrength):
     needs_reference = True
 
     def __init__(self, options: VelocityKLOptions, context: BuildContext | None = None) -> None:
-        super().__init__(options)
+        super().__init__(options, context)
         self.guidance_scale = options.guidance_scale
 
     def __call__(self, *, state, rollout, outputs) -> LossOutput:
@@ -114,9 +114,6 @@ class GaussianKL(RewardAdaptiveStrength):
     """Exact KL between the policy's replayed SDE transition and the reference's from the same state."""
 
     needs_reference = True
-
-    def __init__(self, options: AdaptiveOptions, context: BuildContext | None = None) -> None:
-        super().__init__(options)
 
     def __call__(self, *, state, rollout, outputs) -> LossOutput:
         transition = outputs.get("transition")
