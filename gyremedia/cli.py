@@ -84,6 +84,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 "diversity": evaluation.in_group_diversity(r.media, r.prompts)}
         for label, r in results.items()
     }
+    gold = sorted(k for k in results["base"].scores if k.startswith("gold/"))
+    if gold:  # held-out rewards the run never trained on: did the gain cost them?
+        report["gold"] = {k[len("gold/"):]: {label: evaluation.nanmean(r.scores[k]) for label, r in results.items()} for k in gold}
     report["gain"] = evaluation.paired_gain(results["base"].scores[key], results["trained"].scores[key])
     report["metric"] = key
     report["samples"] = len(results["base"].prompts)
@@ -95,9 +98,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     gain = report["gain"]
     print(f"{key} on {report['samples']} fixed-seed samples of the eval prompts ({checkpoint})")
-    print(f"{'':<12}{'base':>10}{'trained':>10}")
-    for name in report["base"]:
-        print(f"{name:<12}{report['base'][name]:>10.3f}{report['trained'][name]:>10.3f}")
+    rows = {**{name: (report["base"][name], report["trained"][name]) for name in report["base"]},
+            **{f"gold/{name}": (v["base"], v["trained"]) for name, v in report.get("gold", {}).items()}}
+    width = max(map(len, rows)) + 2
+    print(f"{'':<{width}}{'base':>10}{'trained':>10}")
+    for name, (base, trained) in rows.items():
+        print(f"{name:<{width}}{base:>10.3f}{trained:>10.3f}")
     print(f"gain: {gain['points']:+.1f} points (95% CI {gain['ci95_low']:+.1f} to {gain['ci95_high']:+.1f}, paired)")
     for point in report.get("pareto_front", []):
         print(f"preference {point['weights']}: " + ", ".join(f"{s.name} {point[s.name]:.4f}" for s in config.rewards))

@@ -525,6 +525,14 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
             fits = sorted(c.name for c in pm.registry.all() if c.kind == "sampler" and c.meta.get("prediction") == predicts)
             errors.append(f"{path} {chosen.name!r} steps on {steps_on} predictions, but backbone {backbone.name!r} predicts "
                           f"{predicts}: choose one of {', '.join(fits)}")
+    media = backbone.meta.get("media_kind") if backbone is not None else None
+    for path, chosen in [*((f"rewards.{i}", r) for i, r in enumerate(rewards)),
+                         *((f"monitor.gold.{i}", g) for i, g in enumerate(selected.get("monitor.gold") or []))]:
+        kinds = chosen.meta.get("kinds") if chosen is not None else None
+        if media and kinds and media not in kinds:
+            fits = sorted(c.name for c in pm.registry.all() if c.kind == "reward" and media in c.meta.get("kinds", ()))
+            errors.append(f"{path}: reward {chosen.name!r} scores {'/'.join(sorted(kinds))}, but backbone "
+                          f"{backbone.name!r} makes {media}: choose one of {', '.join(fits) or '(none registered)'}")
     errors += _pareto_checks(core, rewards, backbone)
     objective, sampler = selected.get("objective"), selected.get("sampler")
     for i, regularizer in enumerate(selected.get("regularizers") or []):

@@ -154,10 +154,16 @@ def paired_gain(base: torch.Tensor, trained: torch.Tensor) -> dict[str, float]:
     return {"points": 100 * mean, "ci95_low": 100 * (mean - half), "ci95_high": 100 * (mean + half), "samples": len(diff)}
 
 
-def save_grid(media: Media, prompts: list[str], path: Path, count: int) -> None:
-    """A captioned grid of the first ``count`` images (other media kinds are skipped)."""
-    if media.kind != "image":
-        return
-    from gyremedia.media_io import save_image_grid
+def save_grid(media: Media, prompts: list[str], path: Path, count: int) -> Path | None:
+    """A captioned grid of the first ``count`` samples: a PNG of images, an animated GIF of videos
+    (``path`` with its suffix changed); other media kinds are skipped. Returns the file written."""
+    from gyremedia.media_io import save_image_grid, save_video_grid
 
-    save_image_grid(media.data[:count], prompts[:count], path)
+    if media.kind == "image":
+        save_image_grid(media.data[:count], prompts[:count], path)
+        return path
+    if media.kind == "video":
+        path = Path(path).with_suffix(".gif")
+        save_video_grid(media.data[:count], prompts[:count], path, fps=media.meta.get("fps", 4))
+        return path
+    return None

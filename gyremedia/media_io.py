@@ -1,4 +1,4 @@
-"""Writing media for people to look at: captioned image grids and metric curves."""
+"""Writing media for people to look at: captioned image grids, animated video grids and metric curves."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 
-def save_image_grid(images: torch.Tensor, captions: list[str], path: Path, *, columns: int = 8,
-                    cell: int = 96, caption_lines: int = 3) -> None:
-    """Save ``[N, 3, H, W]`` images in [0, 1] as a grid, each upscaled (nearest) with its caption below."""
+def image_grid(images: torch.Tensor, captions: list[str], *, columns: int = 8, cell: int = 96,
+               caption_lines: int = 3) -> Image.Image:
+    """``[N, 3, H, W]`` images in [0, 1] as one picture, each upscaled (nearest) with its caption below."""
     font = ImageFont.load_default()
     line_height = 11
     rows = math.ceil(len(images) / columns)
@@ -27,8 +27,20 @@ def save_image_grid(images: torch.Tensor, captions: list[str], path: Path, *, co
         canvas.paste(Image.fromarray(np.ascontiguousarray(image)).resize((cell - 4, cell - 4), Image.NEAREST), (x + 2, y + 2))
         for j, line in enumerate(textwrap.wrap(caption, width=cell // 6)[:caption_lines]):
             draw.text((x + 2, y + cell + j * line_height), line, fill="black", font=font)
+    return canvas
+
+
+def save_image_grid(images: torch.Tensor, captions: list[str], path: Path, **layout) -> None:
+    """Save ``[N, 3, H, W]`` images in [0, 1] as a captioned grid (see :func:`image_grid`)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(path)
+    image_grid(images, captions, **layout).save(path)
+
+
+def save_video_grid(videos: torch.Tensor, captions: list[str], path: Path, *, fps: float = 4, **layout) -> None:
+    """Save ``[N, T, 3, H, W]`` videos in [0, 1] as one looping animated GIF of captioned grids."""
+    frames = [image_grid(videos[:, t], captions, **layout) for t in range(videos.shape[1])]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=round(1000 / fps), loop=0)
 
 
 def plot_metrics(metrics_file: Path, path: Path, eval_keys: list[str], keys: list[str] | None = None) -> None:

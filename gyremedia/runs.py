@@ -48,7 +48,9 @@ def build_backbone(config: ResolvedConfig, pm: PluginManager, device: torch.devi
 
 
 def build_scoring(config: ResolvedConfig, pm: PluginManager, device: torch.device | None = None) -> tuple[Any, dict[str, Any]]:
-    """The evaluation sampler and the rewards of a run."""
+    """The evaluation sampler and the rewards of a run, its held-out gold rewards (``monitor.gold``)
+    named ``gold/<name>``."""
     context = _context(config, device)
     sampler = pm.build(config.eval_sampler or config.sampler, context)
-    return sampler, {s.name: pm.build(s, context) for s in config.rewards}
+    rewards = {s.name: pm.build(s, context) for s in config.rewards}
+    return sampler, {**rewards, **{f"gold/{s.name}": pm.build(s, context) for s in config.gold_rewards}}

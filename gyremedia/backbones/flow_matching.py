@@ -8,7 +8,6 @@ Convention: ``x_sigma = (1 - sigma) x0 + sigma eps`` and the transformer predict
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,18 +15,11 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.backbones.tiny_sd3 import TinySD3Options, build_tiny_sd3_pipeline
+from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolicy
 from gyremedia.interfaces import BuildContext
 from gyremedia.rollout import Media
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class LoraOptions:
-    enabled: bool = False
-    rank: int = 8
-    alpha: float = 16.0
-    target_modules: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
 
 
 @dataclass
@@ -50,7 +42,7 @@ class FlowMatchingOptions:
 PREFERENCE_FILE = "preference_embedder.safetensors"
 
 
-class FlowMatchingBackbone:
+class FlowMatchingBackbone(TransformerPolicy):
     """An SD3-family pipeline seen as a policy over denoising transitions."""
 
     media_kind = "image"
@@ -79,25 +71,11 @@ class FlowMatchingBackbone:
             if part is not None:
                 part.requires_grad_(False).eval()
         self.transformer = self.pipeline.transformer
-        self._reference_transformer: torch.nn.Module | None = None
-        if options.lora.enabled:
-            from peft import LoraConfig
-
-            self.transformer.requires_grad_(False)
-            self.transformer.add_adapter(LoraConfig(
-                r=options.lora.rank, lora_alpha=options.lora.alpha,
-                target_modules=list(options.lora.target_modules), init_lora_weights="gaussian",
-            ))
-            # Trainable adapters stay in fp32 whatever the base weights are.
-            for p in self.transformer.parameters():
-                if p.requires_grad:
-                    p.data = p.data.float()
+        self.scheduler = self.pipeline.scheduler
+        self._prepare_training(options.lora, options.gradient_checkpointing)
         self.preference_embedder: torch.nn.Linear | None = None
         if options.preference_inputs:
             self._add_preference_embedder(options.preference_inputs)
-        if options.gradient_checkpointing:
-            self.transformer.enable_gradient_checkpointing()
-        self._training_module: torch.nn.Module = self.transformer
         self._prompt_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._negative: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -116,42 +94,8 @@ class FlowMatchingBackbone:
         self.transformer.add_module("preference_embedder", embedder)
         self.preference_embedder = embedder
 
-    # ------------------------------------------------------------------ training plumbing
-
-    def trainable_module(self) -> torch.nn.Module:
-        return self.transformer
-
-    def set_training_module(self, module: torch.nn.Module) -> None:
-        self._training_module = module
-
-    def enable_reference(self) -> None:
-        """Keep the frozen base policy for KL terms: the adapters switched off under LoRA, else a copy."""
-        if not self.options.lora.enabled and self._reference_transformer is None:
-            self._reference_transformer = copy.deepcopy(self.transformer).requires_grad_(False).eval()
-
-    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        if self.options.lora.enabled:
-            from peft import get_peft_model_state_dict
-
-            state = get_peft_model_state_dict(self.transformer)
-            if self.preference_embedder is not None:
-                state.update({f"preference_embedder.{k}": v for k, v in self.preference_embedder.state_dict().items()})
-            return {k: v.detach().clone() for k, v in state.items()}
-        return {k: v.detach().clone() for k, v in self.transformer.state_dict().items()}
-
-    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if self.options.lora.enabled:
-            from peft import set_peft_model_state_dict
-
-            prefix = "preference_embedder."
-            if self.preference_embedder is not None:
-                self.preference_embedder.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
-            state = {k: v for k, v in state.items() if not k.startswith(prefix)}
-            result = set_peft_model_state_dict(self.transformer, state)
-            if getattr(result, "unexpected_keys", None):
-                raise ValueError(f"checkpoint has adapter weights this model lacks: {result.unexpected_keys[:5]}")
-        else:
-            self.transformer.load_state_dict(state)
+    def _extra_trainable(self) -> dict[str, torch.nn.Module]:
+        return {"preference_embedder": self.preference_embedder} if self.preference_embedder is not None else {}
 
     # ------------------------------------------------------------------ policy
 
@@ -187,11 +131,6 @@ class FlowMatchingBackbone:
         noise = torch.stack([torch.randn(shape, generator=g) for g in generators])
         return noise.to(self.device, self.transformer.dtype)
 
-    def sigmas(self, num_steps: int) -> torch.Tensor:
-        scheduler = copy.deepcopy(self.pipeline.scheduler)
-        scheduler.set_timesteps(num_steps, device=self.device)
-        return scheduler.sigmas.float()
-
     def predict(self, x: torch.Tensor, sigma: torch.Tensor, conditions: dict[str, torch.Tensor],
                 guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
         """``conditions["preference"]`` (``[B, preference_inputs]``), when present, conditions the policy
@@ -212,30 +151,12 @@ class FlowMatchingBackbone:
         timestep = (sigma * 1000).to(x.dtype).reshape(-1).expand(x.shape[0])
         if guidance_scale > 1.0:
             timestep = torch.cat([timestep, timestep])
-        if reference:
-            output = self._reference_forward(x_in, timestep, embeds, pooled)
-        else:
-            module = self._training_module if torch.is_grad_enabled() else self.transformer
-            output = module(hidden_states=x_in, timestep=timestep, encoder_hidden_states=embeds,
-                            pooled_projections=pooled, return_dict=False)[0]
+        output = self._forward(reference, hidden_states=x_in, timestep=timestep, encoder_hidden_states=embeds,
+                               pooled_projections=pooled)
         if guidance_scale > 1.0:
             uncond, cond = output.chunk(2)
             output = uncond + guidance_scale * (cond - uncond)
         return output
-
-    @torch.no_grad()
-    def _reference_forward(self, x, timestep, embeds, pooled) -> torch.Tensor:
-        kwargs = dict(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds,
-                      pooled_projections=pooled, return_dict=False)
-        if self._reference_transformer is not None:
-            return self._reference_transformer(**kwargs)[0]
-        if not self.options.lora.enabled:
-            raise RuntimeError("the reference policy was not kept: call enable_reference() before training")
-        self.transformer.disable_adapters()
-        try:
-            return self.transformer(**kwargs)[0]
-        finally:
-            self.transformer.enable_adapters()
 
     @torch.no_grad()
     def decode(self, final: torch.Tensor) -> Media:
@@ -254,7 +175,7 @@ class FlowMatchingBackbone:
         """
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "README.md").write_text(self._usage(out_dir, adapters_only=self.options.lora.enabled and not merge_lora))
+        (out_dir / "README.md").write_text(self._usage(out_dir, adapters_only=self.lora_enabled and not merge_lora))
         with self._preference_detached():
             self._save_pipeline(out_dir, merge_lora)
 
@@ -277,7 +198,7 @@ class FlowMatchingBackbone:
             from safetensors.torch import save_file
 
             save_file({k: v.contiguous() for k, v in self.preference_embedder.state_dict().items()}, str(out_dir / PREFERENCE_FILE))
-        if not self.options.lora.enabled:
+        if not self.lora_enabled:
             self.pipeline.save_pretrained(out_dir)
             return
         if not merge_lora:
@@ -288,10 +209,7 @@ class FlowMatchingBackbone:
                 out_dir, transformer_lora_layers=get_peft_model_state_dict(self.transformer),
                 transformer_lora_adapter_metadata=config.to_dict())
             return
-        merged = copy.deepcopy(self.transformer)
-        merged.fuse_lora()
-        merged.unload_lora()  # drops the adapter layers, keeping the fused weights
-        components = {**self.pipeline.components, "transformer": merged}
+        components = {**self.pipeline.components, "transformer": self._merged_transformer()}
         StableDiffusion3Pipeline(**components).save_pretrained(out_dir)
 
 
@@ -322,5 +240,5 @@ class FlowMatchingBackbone:
 
 @hookimpl
 def gyremedia_register_backbones(register):
-    register("flow_matching", FlowMatchingBackbone, options=FlowMatchingOptions, prediction="velocity",
+    register("flow_matching", FlowMatchingBackbone, options=FlowMatchingOptions, prediction="velocity", media_kind="image",
              description="SD3-family rectified-flow text-to-image (diffusers), full or LoRA")
