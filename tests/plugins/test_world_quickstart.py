@@ -1,11 +1,11 @@
 """`gyremedia train world_model_quickstart` end to end: RL makes the video world model follow actions
 better without losing fidelity.
 
-Slow (about MINUTES minutes on 2 CPU cores) and run in CI. It trains from the shipped GridWalk world model
+Slow (about 6 minutes on 2 CPU cores) and run in CI. It trains from the shipped GridWalk world model
 with a fixed seed, then `gyremedia eval` measures held-out action following (inverse-dynamics accuracy
 on 256 fixed-seed clips of unseen episodes): at least +3 points with its paired 95% interval above
 0, while the fidelity (PSNR against the true frames) of the same clips does not fall. The issue asked
-for +15 points; this run measures about +6 (docs/benchmarks.md), so that is what is asserted.
+for +15 points; this run measures about +5 (docs/benchmarks.md), so that is what is asserted.
 The run folder holds the before/after GIFs.
 """
 
