@@ -21,7 +21,7 @@ from gyremedia import evaluation, runs
 from gyremedia.config import asset_path
 from gyremedia.media_io import save_video_grid
 from gyremedia.plugins import PluginManager
-from gyremedia_world.env import ACTIONS, Episode, parse_prompt, rollout, start_state
+from gyremedia_world.env import ACTIONS, Episode, parse_prompt
 from gyremedia_world.inverse_dynamics import InverseDynamicsModel
 from gyremedia_world.rewards import psnr, ssim
 
@@ -36,13 +36,12 @@ def extend(episode: Episode, clips: int, clip_frames: int) -> Episode:
     return Episode(episode.episode, episode.actions + tuple(int(a) for a in extra))
 
 
-def clip_scores(video: torch.Tensor, episodes: list[Episode], clip_frames: int) -> list[dict[str, float]]:
+def clip_scores(video: torch.Tensor, truth: torch.Tensor, episodes: list[Episode], clip_frames: int) -> list[dict[str, float]]:
     """Per clip: inverse-dynamics accuracy of its actions (read from the model's own frames, the clip's
     context first), and PSNR and SSIM against the truth (which measure the drift too)."""
     inverse_dynamics = InverseDynamicsModel.load(asset_path("world16/inverse_dynamics"))
     context = torch.stack([torch.from_numpy(e.context()) for e in episodes])
     frames = torch.cat([context[:, None], video], dim=1)
-    truth = torch.stack([torch.from_numpy(rollout(start_state(e.episode), list(e.actions))[0]) for e in episodes])
     logits = inverse_dynamics(frames[:, :-1].flatten(0, 1), frames[:, 1:].flatten(0, 1)).view(*video.shape[:2], -1)
     right = logits.argmax(-1) == torch.tensor([e.actions for e in episodes])
     scores = []
@@ -55,6 +54,8 @@ def clip_scores(video: torch.Tensor, episodes: list[Episode], clip_frames: int) 
 
 @torch.no_grad()
 def compare(run_dir: Path, clips: int, episodes: int) -> dict:
+    """Roll the base and trained models of ``run_dir`` out for ``clips`` clips on the first ``episodes``
+    eval episodes; write the GIF and return the per-clip scores of each."""
     pm = PluginManager()
     config = runs.run_config(run_dir, [], pm)
     backbone = runs.build_backbone(config, pm)
@@ -72,12 +73,12 @@ def compare(run_dir: Path, clips: int, episodes: int) -> dict:
     videos = {"base": generate()}
     runs.load_trained_weights(backbone, run_dir)
     videos["trained"] = generate()
-    truth = torch.stack([torch.from_numpy(rollout(start_state(e.episode), list(e.actions))[0]) for e in chosen])
+    truth = torch.stack([torch.from_numpy(e.truth()) for e in chosen])
     path, shown = run_dir / "samples" / "autoregressive.gif", min(GIF_EPISODES, len(chosen))
     captions = [label for label in ("truth", "base", "trained") for _ in range(shown)]
     save_video_grid(torch.cat([truth[:shown], videos["base"][:shown], videos["trained"][:shown]]), captions, path,
                     columns=shown, fps=backbone.options.fps, caption_lines=1)
-    report = {label: clip_scores(video, chosen, backbone.clip_frames) for label, video in videos.items()}
+    report = {label: clip_scores(video, truth, chosen, backbone.clip_frames) for label, video in videos.items()}
     return {"episodes": len(chosen), "clips": clips, "gif": str(path), **report}
 
 

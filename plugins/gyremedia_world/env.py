@@ -119,9 +119,9 @@ def random_episodes(count: int, seed: int, *, first_episode: int = 0, length: in
 def transitions(count: int, rng: np.random.Generator, *, random_sprites: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``count`` random real transitions: frames before ``[N, 3, H, W]``, after, and the actions ``[N]``.
 
-    A share ``random_sprites`` of them draws the agent as a random blob (2 to 6 pixels wide, pixels
-    missing at random, a new blob in each frame) around its true place: an inverse dynamics model
-    trained on them reads the agent's motion, not its exact shape, as it must on generated frames.
+    Each frame draws, with probability ``random_sprites``, the agent as a random blob around its true
+    place (2 to 6 pixels wide, pixels missing at random): an inverse dynamics model trained on them
+    reads the agent's motion, not its exact shape, as it must on generated frames.
     """
     before, after, actions = [], [], rng.integers(len(ACTIONS), size=count)
 

@@ -1,7 +1,7 @@
 """The inverse dynamics model: which action turned frame ``t`` into frame ``t + 1``.
 
-A small CNN with circular padding (the world is a torus), trained on real GridWalk transitions, half
-of them with the agent drawn as a random blob, and with pixel noise and blur: it must read the motion
+A small CNN with circular padding (the world is a torus), trained on real GridWalk transitions whose
+frames draw the agent as a random blob half of the time, with pixel noise and blur: it must read the motion
 in imperfect generated frames, and a world model must not score by drawing a bigger or odd agent. Its weights live in
 ``assets/world16/inverse_dynamics/`` (``python -m gyremedia_world.pretrain`` makes them).
 """
@@ -64,8 +64,8 @@ def corrupt(frames: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 
 def train_inverse_dynamics(steps: int, seed: int, batch: int = 128, random_sprites: float = 0.5) -> tuple[InverseDynamicsModel, float]:
-    """Fit the model to real transitions (fresh ones every step), a share ``random_sprites`` of them with
-    the agent drawn as a random blob; returns it and its last training loss."""
+    """Fit the model to real transitions (fresh ones every step), each frame drawing the agent as a random
+    blob with probability ``random_sprites``; returns it and its last training loss."""
     torch.manual_seed(seed)
     rng, generator = np.random.default_rng([seed, 13]), torch.Generator().manual_seed(seed)
     model = InverseDynamicsModel()

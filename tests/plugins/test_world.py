@@ -212,9 +212,10 @@ def test_a_reward_for_another_media_kind_fails_at_config_time(tmp_path):
         world_config(tmp_path, "monitor.gold=[jpeg_compressibility]")
 
 
-def test_the_quickstart_config_resolves():
-    config = resolve_config(load_config(str(bundled_config("world_model_quickstart.yaml")), []), PluginManager())
-    assert config.backbone.name == "video_world" and config.rewards[0].name == "inverse_dynamics"
+@pytest.mark.parametrize("name", ["world_model_quickstart", "world_model_grpo"])
+def test_the_world_model_configs_resolve(name):
+    config = resolve_config(load_config(str(bundled_config(f"{name}.yaml")), []), PluginManager())
+    assert config.backbone.name == "video_world" and [r.name for r in config.rewards] == ["inverse_dynamics", "world_fidelity"]
 
 
 @pytest.mark.parametrize("objective", ["grpo", "nft"])
