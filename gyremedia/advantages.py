@@ -25,13 +25,17 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std: str = 
     valid = torch.isfinite(rewards)
     weight = valid.double()
     rewards = torch.where(valid, rewards.double(), 0.0)
-    _, inverse = torch.unique(group_ids, return_inverse=True)
+    _, inverse = torch.unique(group_ids.to(rewards.device), return_inverse=True)
     num_groups = int(inverse.max()) + 1
-    counts = torch.zeros(num_groups, dtype=weight.dtype).index_add_(0, inverse, weight).clamp(min=1)
-    means = torch.zeros(num_groups, dtype=weight.dtype).index_add_(0, inverse, rewards) / counts
+
+    def per_group(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, inverse, values)
+
+    counts = per_group(weight).clamp(min=1)
+    means = per_group(rewards) / counts
     centred = (rewards - means[inverse]) * weight
     if std == "group":
-        var = torch.zeros(num_groups, dtype=weight.dtype).index_add_(0, inverse, centred**2) / counts
+        var = per_group(centred**2) / counts
         centred = centred / (var.sqrt()[inverse] + eps)
     elif std == "global":
         kept = rewards[valid]

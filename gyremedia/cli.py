@@ -20,13 +20,22 @@ def bundled_config(name: str) -> Path:
     return Path(str(resources.files("gyremedia.configs") / name))
 
 
+def bundled_names() -> list[str]:
+    """The names of the configs shipped with the package (``gyremedia train NAME``)."""
+    return sorted(p.name.removesuffix(".yaml") for p in resources.files("gyremedia.configs").iterdir()
+                  if p.name.endswith(".yaml"))
+
+
 def _resolve(config_path: str | None, overrides: list[str], pm: PluginManager) -> ResolvedConfig:
     if config_path is None:
         config_path = str(bundled_config(DEFAULT_CONFIG))
     elif not Path(config_path).is_file():
         shipped = bundled_config(config_path if config_path.endswith(".yaml") else config_path + ".yaml")
         if not shipped.is_file():
-            raise ConfigError(f"config file {config_path!r} not found (nor among the bundled configs)")
+            hint = "; an override looks like key=value" if "=" not in config_path and "." in config_path.strip(".") \
+                and not config_path.endswith((".yaml", ".yml")) else ""
+            raise ConfigError(f"config file {config_path!r} not found (nor among the bundled configs: "
+                              f"{', '.join(bundled_names())}){hint}")
         config_path = str(shipped)
     return resolve_config(load_config(config_path, overrides), pm)
 
@@ -39,8 +48,8 @@ def _split_args(values: list[str]) -> tuple[str | None, list[str]]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from gyremedia.runs import run_config
-    from gyremedia.trainer import RewardError, Trainer
+    from gyremedia.runs import quiet_libraries, run_config
+    from gyremedia.trainer import Trainer
 
     pm = PluginManager()
     config_path, overrides = _split_args(args.args)
@@ -50,13 +59,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = run_config(Path(args.resume), overrides, pm)
     else:
         config = _resolve(config_path, overrides, pm)
-    try:
-        state = Trainer(config, pm, resume=bool(args.resume)).train()
-    except RewardError as exc:
-        print(f"gyremedia: error: {exc}", file=sys.stderr)
-        return 1
+    trainer = Trainer(config, pm, resume=bool(args.resume))
+    quiet_libraries()
+    state = trainer.train()
     if state.accelerator.is_main_process:
-        print(f"run folder: {state.run_dir}")
+        print("\n".join(trainer.summary()))
     return 0
 
 
@@ -66,6 +73,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     pm = PluginManager()
     config = runs.run_config(Path(args.run_dir), args.overrides, pm)
+    runs.quiet_libraries()
     backbone = runs.build_backbone(config, pm)
     sampler, rewards = runs.build_scoring(config, pm)
     key = evaluation.accuracy_key(config)
@@ -118,6 +126,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     config = runs.run_config(Path(args.run_dir), [], pm)
     if args.lora_only and not config.backbone.options.lora.enabled:
         raise ConfigError("--lora-only: this run trained the full model (backbone.lora.enabled=false)")
+    runs.quiet_libraries()
     backbone = runs.build_backbone(config, pm)
     checkpoint = runs.load_trained_weights(backbone, Path(args.run_dir))
     backbone.save_pretrained(Path(args.out_dir), merge_lora=not args.lora_only)
@@ -152,27 +161,31 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gyremedia", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback of an error instead of its one-line message")
+    parser = argparse.ArgumentParser(prog="gyremedia", description=__doc__, parents=[common])
     commands = parser.add_subparsers(dest="command")
-    train = commands.add_parser("train", help="train from a yaml (default: the quickstart) plus key=value overrides")
+    train = commands.add_parser("train", parents=[common],
+                                help="train from a yaml (default: the quickstart) plus key=value overrides")
     train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete checkpoint")
     train.set_defaults(func=cmd_train)
-    config = commands.add_parser("config", help="validate a config and print it with every default filled in")
+    config = commands.add_parser("config", parents=[common], help="validate a config and print it with every default filled in")
     config.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     config.set_defaults(func=cmd_config)
-    evaluate = commands.add_parser("eval", help="held-out score of the base and trained models, with a 95%% interval")
+    evaluate = commands.add_parser("eval", parents=[common], help="held-out score of the base and trained models, with a 95%% interval")
     evaluate.add_argument("run_dir")
     evaluate.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. eval.samples=512")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object: base, trained, gain")
     evaluate.set_defaults(func=cmd_eval)
-    export = commands.add_parser("export", help="write the trained model as a diffusers pipeline folder")
+    export = commands.add_parser("export", parents=[common], help="write the trained model as a diffusers pipeline folder")
     export.add_argument("run_dir")
     export.add_argument("out_dir")
     export.add_argument("--lora-only", action="store_true",
                         help="save only the LoRA adapters, for pipe.load_lora_weights (default: merged weights)")
     export.set_defaults(func=cmd_export)
-    plugins = commands.add_parser("plugins", help="list plugins, what they register and the hooks they implement")
+    plugins = commands.add_parser("plugins", parents=[common], help="list plugins, what they register and the hooks they implement")
     plugins.add_argument("--json", action="store_true", help="print one JSON object")
     plugins.set_defaults(func=cmd_plugins)
     return parser
@@ -192,11 +205,21 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         setattr(args, positional, [*getattr(args, positional), *extra])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from gyremedia.checkpoint import CheckpointError
+    from gyremedia.scoring import RewardContractError, RewardError
+    from gyremedia.trainer import Interrupted, NonFiniteLoss
+
+    # Errors a user can act on print one line (the key and the fix) and an exit code; --debug shows the traceback.
+    exit_codes = ((ConfigError, 2), (PluginError, 2), (RewardContractError, 2), (Interrupted, None),
+                  (RewardError, 1), (NonFiniteLoss, 1), (CheckpointError, 1))
     try:
         return args.func(args)
-    except (ConfigError, PluginError) as exc:
+    except tuple(kind for kind, _ in exit_codes) as exc:
+        if getattr(args, "debug", False):
+            raise
         print(f"gyremedia: error: {exc}", file=sys.stderr)
-        return 2
+        code = next(code for kind, code in exit_codes if isinstance(exc, kind))
+        return exc.exit_code if code is None else code
 
 
 if __name__ == "__main__":

@@ -12,11 +12,12 @@ import difflib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from gyremedia.options import field_hint, nested_schema, option, prompts_file, validate
 from gyremedia.plugins import PluginError, PluginManager
 
 
@@ -38,101 +39,112 @@ class ConfigError(ValueError):
 
 @dataclass
 class RunSection:
-    output_dir: str = "runs/default"
-    seed: int = 0
+    output_dir: str = option("runs/default", help="the run folder: config, metrics, samples, checkpoints, export")
+    seed: int = option(0, ge=0, help="seeds every random stream of the run")
 
 
 @dataclass
 class DataSection:
-    prompts: list[str] = field(default_factory=list)
-    prompts_file: str | None = None  # one prompt per line; added to ``prompts``
-    eval_prompts: list[str] = field(default_factory=list)
+    prompts: list[str] = option(default_factory=list, help="training prompts",
+                                hint="data.prompts is a list of prompts, e.g. data.prompts=[a cat, a dog]; "
+                                     "for a file use data.prompts_file")
+    prompts_file: str | None = option(None, check=prompts_file, help="one prompt per line; added to data.prompts")
+    eval_prompts: list[str] = option(default_factory=list, help="held-out prompts (default: the training prompts)",
+                                     hint="data.eval_prompts is a list of prompts; for a file use eval.prompts_file")
 
 
 @dataclass
 class RolloutSection:
-    batch_size: int = 8  # samples per step over all processes
-    group_size: int = 4  # samples per prompt; advantages are normalised within a group
-    num_steps: int = 10  # denoising steps per sample
-    guidance_scale: float = 1.0
-    same_noise_in_group: bool = False  # every member of a group starts from the same noise
+    batch_size: int = option(8, ge=1, help="samples per step over all processes")
+    group_size: int = option(4, ge=2, help="samples per prompt; advantages are normalised within a group")
+    num_steps: int = option(10, ge=1, help="transitions per sample (denoising steps)")
+    guidance_scale: float = option(1.0, ge=1, help="classifier-free guidance; 1 = none")
+    same_noise_in_group: bool = option(False, help="every member of a group starts from the same noise")
     # Score rollout k in worker threads while rollout k+1 is sampled. Each rollout is then trained
     # one optimizer step after the policy that sampled it (the ratio objectives' clip covers that).
-    async_scoring: bool = False
+    async_scoring: bool = option(False, help="score a rollout while the next one is sampled")
     # Tree rollouts (TreeGRPO): a group's samples share one trajectory and split into `branch_width`
     # children at each of these step indices; group_size must be branch_width ** len(branch_steps).
-    branch_steps: list[int] = field(default_factory=list)
-    branch_width: int = 2
+    branch_steps: list[int] = option(default_factory=list, ge=0, help="tree rollouts: step indices where nodes split")
+    branch_width: int = option(2, ge=2, help="tree rollouts: children per split")
 
 
 @dataclass
 class TrainSection:
-    steps: int = 100
-    learning_rate: float = 1e-4
-    weight_decay: float = 1e-4
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 0
-    num_minibatches: int = 1  # optimizer steps per rollout; each one takes a slice of the samples
+    steps: int = option(100, ge=1, help="optimizer steps, one rollout each")
+    learning_rate: float = option(1e-4, gt=0, help="AdamW learning rate")
+    weight_decay: float = option(1e-4, ge=0, help="AdamW weight decay")
+    adam_beta1: float = option(0.9, ge=0, lt=1, help="AdamW beta1")
+    adam_beta2: float = option(0.999, ge=0, lt=1, help="AdamW beta2")
+    max_grad_norm: float = option(1.0, gt=0, help="gradients are clipped to this global norm")
+    warmup_steps: int = option(0, ge=0, help="linear learning-rate warm-up steps")
+    num_minibatches: int = option(1, ge=1, help="optimizer steps per rollout; each one takes a slice of the samples")
+    # A step whose loss or gradient is NaN or inf: "stop" ends the run there naming the loss terms that were
+    # not finite (the weights and checkpoints stay finite); "skip" drops that update and counts it
+    # (metric train/nonfinite_skipped).
+    on_nonfinite: Literal["stop", "skip"] = option("stop", help="what a NaN/inf loss or gradient does")
 
 
 @dataclass
 class AdvantageSection:
-    std: str = "group"  # group | global | none: what the centred reward is divided by
-    eps: float = 1e-4
+    std: Literal["group", "global", "none"] = option("group", help="what the centred reward is divided by")
+    eps: float = option(1e-4, gt=0, help="added to the std before dividing")
     # How several rewards become one advantage: "sum" normalises the weighted sum of the rewards;
     # "normalize_each" normalises each reward within its groups, then sums the weighted advantages
     # (a reward with a large scale cannot drown the others).
-    combine: str = "sum"
+    combine: Literal["sum", "normalize_each"] = option("sum", help="how several rewards become one advantage")
 
 
 @dataclass
 class ParetoSection:
     """ParetoSlider: one model conditioned on reward-preference weights instead of a fixed weighted sum."""
 
-    enabled: bool = False  # needs >= 2 rewards and a backbone with preference_inputs = their number
-    concentration: float = 1.0  # Dirichlet alpha of the weight vector drawn per prompt group (1: uniform on the simplex)
-    sweep: int = 5  # weight settings evaluated after training (the front; two rewards: (1, 0) ... (0, 1))
+    enabled: bool = option(False, help="needs >= 2 rewards and a backbone with preference_inputs = their number")
+    concentration: float = option(1.0, gt=0, help="Dirichlet alpha of the weights drawn per prompt group (1: uniform)")
+    sweep: int = option(5, ge=2, help="weight settings evaluated after training (the front)")
 
 
 @dataclass
 class MonitorSection:
     """Reward-hacking monitor (gyremedia/monitor.py); ``monitor.gold`` lists held-out rewards like ``rewards``."""
 
-    tolerance: float = 0.005  # changes of eval means smaller than this count as flat
-    min_diversity: float = 0.5  # warn when in-group diversity falls below this share of the first eval's
-    drift: bool = False  # measure the velocity drift from the reference at each eval (keeps the reference)
-    drift_levels: int = 3  # noise levels the drift is measured at
+    tolerance: float = option(0.005, ge=0, help="changes of eval means smaller than this count as flat")
+    min_diversity: float = option(0.5, ge=0, le=1, help="warn below this share of the first eval's in-group diversity")
+    drift: bool = option(False, help="measure the velocity drift from the reference at each eval")
+    drift_levels: int = option(3, ge=1, help="noise levels the drift is measured at")
 
 
 @dataclass
 class CheckpointSection:
-    every: int = 10  # steps between checkpoints (the last step is always saved)
-    keep_last: int = 2
+    every: int = option(10, ge=1, help="steps between checkpoints (the last step is always saved)")
+    keep_last: int = option(2, ge=1, help="checkpoints kept on disk, newest first")
+    # Also save when this many seconds passed since the last checkpoint (a preemptible cluster's bound
+    # on lost work); 0 = only every `every` steps.
+    max_lost_seconds: float = option(0.0, ge=0, help="save when this long has passed since the last checkpoint")
 
 
 @dataclass
 class EvalSection:
-    every: int = 0  # steps between evaluations; 0 evaluates only before and after training
-    prompts_file: str | None = None  # held-out prompts (default: data.eval_prompts, else the train prompts)
-    samples: int = 256  # samples per evaluation, prompts cycled; the same seeds every time
-    seed: int = 1234
-    num_steps: int | None = None  # denoising steps (default: rollout.num_steps)
-    metric: str | None = None  # "<reward>/<component>" reported as accuracy (default: the first reward's score)
-    grid_size: int = 16  # samples shown in the before/after grids
+    every: int = option(0, ge=0, help="steps between evaluations; 0 evaluates only before and after training")
+    prompts_file: str | None = option(None, check=prompts_file,
+                                      help="held-out prompts (default: data.eval_prompts, else the train prompts)")
+    samples: int = option(256, ge=2, help="samples per evaluation, prompts cycled; the same seeds every time")
+    seed: int = option(1234, ge=0, help="seed of the evaluation's noise")
+    num_steps: int | None = option(None, ge=1, help="transitions per sample (default: rollout.num_steps)")
+    metric: str | None = option(None, help="'<reward>/<component>' reported as accuracy (default: the first reward's score)")
+    grid_size: int = option(16, ge=1, help="samples shown in the before/after grids")
 
 
 @dataclass
 class ExportSection:
-    on_train_end: bool = True  # write RUN_DIR/pipeline, a folder the backbone library's stock loader reads
-    merge_lora: bool = True  # merge LoRA adapters into the weights (else save the adapters alone)
+    on_train_end: bool = option(True, help="write RUN_DIR/pipeline, a folder the backbone library's stock loader reads")
+    merge_lora: bool = option(True, help="merge LoRA adapters into the weights (else save the adapters alone)")
 
 
 @dataclass
 class LoggingSection:
-    loggers: list[Any] = field(default_factory=list)  # names, or {name: ..., option: ...}
-    progress: bool = True
+    loggers: list[Any] = option(default_factory=list, help="names, or {name: ..., option: ...}")
+    progress: bool = option(True, help="show progress bars")
 
 
 @dataclass
@@ -174,20 +186,20 @@ OPTIONAL_SECTIONS = {"regularizers": [], "logging.loggers": [], "eval.sampler": 
 class RewardSettings:
     """Keys every reward accepts besides its own options."""
 
-    weight: float = 1.0
+    weight: float = option(1.0, help="the reward's weight in the total (negative: minimise it)")
     # What a failing sample does: "fail" stops the run naming the reward, step and prompt; "drop"
     # removes the sample from its group (advantage 0, excluded from the group's statistics) and
     # counts it in the metric reward/<name>/dropped. A failure is an exception or a timeout (the
     # whole call's samples) or a NaN/inf score (that sample).
-    on_failure: str = "fail"
-    timeout: float = 0.0  # seconds one call may take before it counts as failed; 0 waits forever
+    on_failure: Literal["fail", "drop"] = option("fail", help="what a failing sample does")
+    timeout: float = option(0.0, ge=0, help="seconds one call may take before it counts as failed; 0 waits forever")
 
 
 @dataclass
 class RegularizerSettings:
     """Keys every regularizer accepts besides its own options."""
 
-    weight: float = 1.0
+    weight: float = option(1.0, ge=0, help="the term's weight in the loss")
 
 
 #: Settings dataclass of the keys a list component accepts besides its own options.
@@ -202,7 +214,8 @@ class Selected:
     name: str
     options: Any  # instance of the plugin's options dataclass, or None
     settings: Any = None  # instance of COMPONENT_SETTINGS[kind] (weight, failure policy, ...), or None
-    meta: dict[str, Any] = field(default_factory=dict)  # what the plugin registered beside the factory
+    meta: dict[str, Any] = field(default_factory=dict)  # the component's capabilities and description
+    implied_by: str | None = None  # the key that selected it, when no section names it (objective.kl_beta)
 
     @property
     def weight(self) -> float:
@@ -238,7 +251,7 @@ class ResolvedConfig:
         for attr in ("backbone", "sampler", "objective"):
             data[attr] = getattr(self, attr).as_dict()
         data["rewards"] = [s.as_dict() for s in self.rewards]
-        data["regularizers"] = [s.as_dict() for s in self.regularizers]
+        data["regularizers"] = [s.as_dict() for s in self.regularizers if s.implied_by is None]
         if self.weighting is not None:
             data["weighting"] = self.weighting.as_dict()
         data["monitor"]["gold"] = [s.as_dict() for s in self.gold_rewards]
@@ -290,7 +303,8 @@ def _without(cfg: DictConfig, paths: tuple[str, ...]) -> DictConfig:
 
 
 def _merge(schema: type, user: Any, prefix: str) -> tuple[Any, list[str]]:
-    """Merge ``user`` onto the structured ``schema``; return the object and type/missing errors."""
+    """Merge ``user`` onto the structured ``schema`` and validate the values (:func:`gyremedia.options.validate`);
+    return the options object and the type, missing-value and range errors."""
     base = OmegaConf.structured(schema)
     user = OmegaConf.create(user if user is not None else {})
     # A '???' in the user's config would not override a default on merge, so look for it first.
@@ -300,13 +314,43 @@ def _merge(schema: type, user: Any, prefix: str) -> tuple[Any, list[str]]:
     try:
         merged = OmegaConf.merge(base, user)
     except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "?"
-        reason = str(exc).splitlines()[0]
-        return None, [f"wrong type for '{prefix}{key}': {reason}"]
+        return None, [_type_error(schema, user, prefix, exc)]
     missing = sorted(OmegaConf.missing_keys(merged))
     if missing:
         return None, [f"missing value for '{prefix}{k}': set it in the yaml or with {prefix}{k}=..." for k in missing]
-    return OmegaConf.to_object(merged), []
+    options = OmegaConf.to_object(merged)
+    return options, validate(options, prefix)
+
+
+def _type_error(schema: type, user: DictConfig, prefix: str, exc: OmegaConfBaseException) -> str:
+    """One line for a value omegaconf refused: the key, the value, the expected type or choices, a hint."""
+    key = str(getattr(exc, "full_key", None) or "?")
+    value = OmegaConf.select(user, key, default=None, throw_on_missing=False) if key != "?" else None
+    shown = f"={OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value!r}"
+    declared = nested_schema(schema, key) if key != "?" else None
+    expected = hint = None
+    if declared is not None:
+        owner, name = declared
+        annotation = typing.get_type_hints(owner).get(name)
+        expected = _describe_type(annotation) if annotation is not None else None
+        hint = field_hint(owner, name)
+    reason = f"expected {expected}" if expected else str(exc).splitlines()[0]
+    return f"{prefix}{key}{shown}: {reason}" + (f"; {hint}" if hint else "")
+
+
+def _describe_type(annotation: Any) -> str:
+    """``a number``, ``one of group, global, none``, ``a list of strings``, ..."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return "one of " + ", ".join(str(a) for a in args)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        named = [_describe_type(a) for a in args if a is not type(None)]
+        return " or ".join(named) + (" (or null)" if type(None) in args else "")
+    if origin in (list, tuple):
+        inner = _describe_type(args[0]) if args else "values"
+        return f"a list of {inner.removeprefix('a ').removeprefix('an ')}s" if inner not in ("anything",) else "a list"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false", Any: "anything"}.get(
+        annotation, getattr(annotation, "__name__", str(annotation)))
 
 
 # --------------------------------------------------------------------------- loading
@@ -322,14 +366,36 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         raise ConfigError(f"overrides must look like key=value, got: {', '.join(bad)}")
     for override in overrides:
         key, value = override.split("=", 1)
+        key = key.strip()
         try:
             parsed = OmegaConf.from_dotlist([f"value={value}"])._get_node("value")
+            previous = _component_name(cfg, key)
             # A dict or list value replaces the node (`objective={name: nft}` drops grpo's keys);
             # a scalar sets one key.
-            OmegaConf.update(cfg, key.strip(), parsed, merge=False, force_add=True)
+            OmegaConf.update(cfg, key, parsed, merge=False, force_add=True)
+            if previous is not None and previous != _component_name(cfg, key):
+                # `objective.name=grpo` keeps the old objective's options: remember whose they were.
+                OmegaConf.update(cfg, key.rpartition(".")[0] + "." + REPLACED_NAME, previous, force_add=True)
         except (OmegaConfBaseException, ValueError, IndexError, KeyError) as exc:
             raise ConfigError(f"could not apply override {override!r}: {exc}") from exc
     return cfg
+
+
+#: Set by :func:`load_config` in a component section whose ``name`` an override changed: the old name.
+REPLACED_NAME = "_replaced_name"
+
+
+def _component_name(cfg: DictConfig, key: str) -> str | None:
+    """The current ``name`` of the section ``key`` names the name of (``objective.name``, ``rewards.0.name``),
+    if that section holds options besides its name."""
+    parent, _, leaf = key.rpartition(".")
+    if leaf != "name" or not parent:
+        return None
+    section = OmegaConf.select(cfg, parent, default=None, throw_on_missing=False)
+    if not isinstance(section, DictConfig) or len([k for k in section if k not in ("name", REPLACED_NAME)]) == 0:
+        return None
+    name = section.get("name")
+    return str(name) if name is not None else None
 
 
 def _select(pm: PluginManager, kind: str, section: Any, path: str) -> tuple[Selected | None, list[str]]:
@@ -339,6 +405,7 @@ def _select(pm: PluginManager, kind: str, section: Any, path: str) -> tuple[Sele
         return None, [f"'{path}' needs a 'name' naming a registered {kind} (see `gyremedia plugins`)"]
     body = OmegaConf.to_container(section) if isinstance(section, DictConfig) else dict(section)
     name = str(body.pop("name"))
+    replaced = body.pop(REPLACED_NAME, None)
     try:
         component = pm.component(kind, name)
     except PluginError as exc:
@@ -347,6 +414,12 @@ def _select(pm: PluginManager, kind: str, section: Any, path: str) -> tuple[Sele
     if kind in COMPONENT_SETTINGS:
         common_keys = [f.name for f in dataclasses.fields(COMPONENT_SETTINGS[kind])]
         settings, errors = _merge(COMPONENT_SETTINGS[kind], {k: body.pop(k) for k in common_keys if k in body}, f"{path}.")
+    known = {f.name for f in dataclasses.fields(component.options)} if component.options is not None else set()
+    leftover = sorted(k for k in body if k not in known)
+    if replaced is not None and leftover:
+        return None, errors + [
+            f"{path}.name={name} replaced {kind} {replaced!r}, whose options {', '.join(leftover)} are still set and are not "
+            f"options of {name!r}: replace the whole section instead, e.g. \"{path}={{name: {name}}}\""]
     if component.options is None:
         errors += [f"unknown key '{path}.{k}': {kind} {name!r} takes no options besides {common_keys or 'its name'}"
                    for k in body]
@@ -406,10 +479,11 @@ def resolve_config(cfg: DictConfig, pm: PluginManager) -> ResolvedConfig:
             selected[path] = sel
 
     errors += _default_weighting(pm, selected, given=_section(cfg, "weighting") is not None)
+    errors += _kl_shortcut(pm, selected)
     if core is not None:
         errors += _cross_checks(core, selected, pm)
     if errors:
-        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{len(errors)} problems in the config:\n  - " + "\n  - ".join(errors))
     return ResolvedConfig(
         core=core,
         backbone=selected["backbone"],
@@ -463,42 +537,47 @@ def _default_weighting(pm: PluginManager, selected: dict[str, Any], given: bool)
     return errors
 
 
+def _kl_shortcut(pm: PluginManager, selected: dict[str, Any]) -> list[str]:
+    """An objective's ``kl_beta > 0`` selects its ``kl_regularizer`` with that weight: the KL to the
+    reference is computed by one piece of code however it is asked for."""
+    objective, regularizers = selected.get("objective"), selected.get("regularizers")
+    name = objective.meta.get("kl_regularizer") if objective is not None else None
+    beta = getattr(objective.options, "kl_beta", 0.0) if objective is not None else 0.0
+    if not name or not beta or regularizers is None:
+        return []
+    if any(r is not None and r.name == name for r in regularizers):
+        return [f"objective.kl_beta={beta} selects the {name!r} regularizer, which regularizers lists too: keep one "
+                f"(objective.kl_beta=0, or remove {name!r} from regularizers)"]
+    component = pm.component("regularizer", name)
+    options = OmegaConf.to_object(OmegaConf.structured(component.options)) if component.options is not None else None
+    selected["regularizers"] = [*regularizers, Selected("regularizer", name, options, RegularizerSettings(weight=beta),
+                                                        dict(component.meta), implied_by="objective.kl_beta")]
+    return []
+
+
 def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager) -> list[str]:
-    """Constraints between keys that no single field's type can express."""
+    """Constraints between keys that no single field's range can express (each field's own range is
+    checked where it is declared, :mod:`gyremedia.options`)."""
     errors = []
     r = core.rollout
-    if r.group_size < 2:
-        errors.append(f"rollout.group_size={r.group_size}: a group needs at least 2 samples to compare; set rollout.group_size>=2")
-    elif r.batch_size % r.group_size:
+    if r.batch_size % r.group_size:
         lower = r.batch_size - r.batch_size % r.group_size
         errors.append(
             f"rollout.batch_size={r.batch_size} is not divisible by rollout.group_size={r.group_size}: "
             f"use rollout.batch_size={lower or r.group_size} or {lower + r.group_size}"
         )
-    if r.num_steps < 1:
-        errors.append(f"rollout.num_steps={r.num_steps}: set rollout.num_steps>=1")
+    sampler = selected.get("sampler")
     if r.branch_steps:
         leaves = r.branch_width ** len(r.branch_steps)
-        if sorted(set(r.branch_steps)) != list(r.branch_steps) or not all(0 <= b < r.num_steps for b in r.branch_steps):
+        if sorted(set(r.branch_steps)) != list(r.branch_steps) or not all(b < r.num_steps for b in r.branch_steps):
             errors.append(f"rollout.branch_steps={list(r.branch_steps)}: use increasing step indices in [0, {r.num_steps})")
-        elif r.branch_width < 2:
-            errors.append("rollout.branch_width must be >= 2")
         elif r.group_size != leaves:
             errors.append(f"rollout.group_size={r.group_size}: a tree with {len(r.branch_steps)} branch steps of width "
                           f"{r.branch_width} has {leaves} leaves: set rollout.group_size={leaves}")
-        sampler = selected.get("sampler")
         if sampler is not None and not sampler.meta.get("has_log_prob"):
-            errors.append(f"rollout.branch_steps needs a stochastic sampler to branch; {sampler.name!r} is deterministic")
-    if core.advantage.std not in ("group", "global", "none"):
-        errors.append(f"advantage.std={core.advantage.std!r}: allowed values are group, global, none")
-    if core.advantage.combine not in ("sum", "normalize_each"):
-        errors.append(f"advantage.combine={core.advantage.combine!r}: allowed values are sum, normalize_each")
+            errors.append(f"rollout.branch_steps needs a stochastic sampler to branch; {sampler.name!r} is deterministic: "
+                          f"choose one of {', '.join(_names(pm, 'sampler', has_log_prob=True))}")
     rewards = [s for s in selected.get("rewards") or [] if s is not None]
-    for i, reward in enumerate(rewards):
-        if reward.settings.on_failure not in ("fail", "drop"):
-            errors.append(f"rewards.{i}.on_failure={reward.settings.on_failure!r}: allowed values are fail, drop")
-        if reward.settings.timeout < 0:
-            errors.append(f"rewards.{i}.timeout={reward.settings.timeout}: use seconds > 0, or 0 for no limit")
     gold = [s.name for s in selected.get("monitor.gold") or [] if s is not None]
     for name in sorted({n for n in gold if gold.count(n) > 1}):
         errors.append(f"monitor.gold selects reward {name!r} twice: their scores would share eval/gold/{name}")
@@ -506,15 +585,10 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
     for name in sorted({n for n in names if names.count(n) > 1}):
         errors.append(f"reward {name!r} is selected twice: combine its scores in one reward, or register it "
                       "under a second name")
-    if core.train.num_minibatches < 1:
-        errors.append("train.num_minibatches must be >= 1")
-    if not core.data.prompts and not core.data.prompts_file:
-        errors.append("no prompts: set data.prompts (a list) or data.prompts_file")
-    for key, path in (("data.prompts_file", core.data.prompts_file), ("eval.prompts_file", core.eval.prompts_file)):
-        if path and not Path(path).is_file():
-            errors.append(f"{key}={path!r} does not exist")
+    errors += _prompt_checks(core)
     if core.eval.metric is not None and "/" not in core.eval.metric:
-        errors.append(f"eval.metric={core.eval.metric!r}: expected '<reward>/<component>', e.g. 'shapes_verifier/correct'")
+        example = f"{rewards[0].name}/<component>" if rewards else "<reward>/<component>"
+        errors.append(f"eval.metric={core.eval.metric!r}: expected '<reward>/<component>', e.g. {example!r}")
     backbone = selected.get("backbone")
     for path in ("sampler", "eval.sampler"):
         chosen = selected.get(path)
@@ -522,31 +596,69 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
             continue
         predicts, steps_on = backbone.meta.get("prediction"), chosen.meta.get("prediction")
         if predicts and steps_on and predicts != steps_on:
-            fits = sorted(c.name for c in pm.registry.all() if c.kind == "sampler" and c.meta.get("prediction") == predicts)
             errors.append(f"{path} {chosen.name!r} steps on {steps_on} predictions, but backbone {backbone.name!r} predicts "
-                          f"{predicts}: choose one of {', '.join(fits)}")
+                          f"{predicts}: choose one of {', '.join(_names(pm, 'sampler', prediction=predicts))}")
     media = backbone.meta.get("media_kind") if backbone is not None else None
     for path, chosen in [*((f"rewards.{i}", r) for i, r in enumerate(rewards)),
                          *((f"monitor.gold.{i}", g) for i, g in enumerate(selected.get("monitor.gold") or []))]:
         kinds = chosen.meta.get("kinds") if chosen is not None else None
         if media and kinds and media not in kinds:
-            fits = sorted(c.name for c in pm.registry.all() if c.kind == "reward" and media in c.meta.get("kinds", ()))
+            fits = [c.name for c in pm.registry.all() if c.kind == "reward" and media in (c.meta.get("kinds") or ())]
             errors.append(f"{path}: reward {chosen.name!r} scores {'/'.join(sorted(kinds))}, but backbone "
-                          f"{backbone.name!r} makes {media}: choose one of {', '.join(fits) or '(none registered)'}")
+                          f"{backbone.name!r} makes {media}: choose one of {', '.join(sorted(fits)) or '(none registered)'}")
     errors += _pareto_checks(core, rewards, backbone)
-    objective, sampler = selected.get("objective"), selected.get("sampler")
+    objective = selected.get("objective")
     for i, regularizer in enumerate(selected.get("regularizers") or []):
         if regularizer is not None and objective is not None and regularizer.meta.get("requires_log_prob") \
                 and not objective.meta.get("requires_log_prob"):
+            alternatives = _names(pm, "regularizer", requires_log_prob=False)
             errors.append(f"regularizers.{i}: {regularizer.name!r} compares replayed sampler transitions, which "
-                          f"objective {objective.name!r} does not make: use a ratio objective (grpo, tree_grpo) or "
-                          "a velocity regularizer (velocity_kl)")
+                          f"objective {objective.name!r} does not make: use an objective that replays them "
+                          f"({', '.join(_names(pm, 'objective', requires_log_prob=True))}) or another regularizer "
+                          f"({', '.join(alternatives)})")
+    if objective is not None and objective.meta.get("needs_tree_rollouts") and not r.branch_steps:
+        errors.append(f"objective {objective.name!r} trains on tree rollouts: set rollout.branch_steps (e.g. [0, 3]) and "
+                      f"rollout.group_size to rollout.branch_width ** their number (e.g. 4)")
     if objective is not None and sampler is not None:
         if objective.meta.get("requires_log_prob") and not sampler.meta.get("has_log_prob"):
             errors.append(
                 f"objective {objective.name!r} needs per-transition log-probs, but sampler {sampler.name!r} is "
-                "deterministic: choose a stochastic sampler (e.g. sampler.name=flow_sde) or an objective "
-                "that needs none"
+                f"deterministic: choose a stochastic sampler ({', '.join(_names(pm, 'sampler', has_log_prob=True))}) "
+                f"or an objective that needs none ({', '.join(_names(pm, 'objective', requires_log_prob=False))})"
             )
     return errors
 
+
+def _names(pm: PluginManager, kind: str, **capabilities: Any) -> list[str]:
+    """Registered components of ``kind`` whose capabilities have the given values."""
+    return sorted(c.name for c in pm.registry.all() if c.kind == kind
+                  and all(bool(c.meta.get(k)) == v if isinstance(v, bool) else c.meta.get(k) == v
+                          for k, v in capabilities.items())) or ["(none registered)"]
+
+
+def _prompt_checks(core: TrainConfig) -> list[str]:
+    """Prompts to train on; and when eval prompts are given, enough eval samples for each to be sampled twice
+    (in-group diversity, and the collapse monitor that reads it, compare a prompt's samples)."""
+    from gyremedia.data import read_prompts
+
+    errors = []
+    data = core.data
+    if not data.prompts and not data.prompts_file:
+        errors.append("no prompts: set data.prompts (a list, e.g. data.prompts=[a cat, a dog]) or data.prompts_file")
+    blank = [i for i, p in enumerate(data.prompts) if not str(p).strip()]
+    if blank:
+        errors.append(f"data.prompts.{blank[0]} is blank: remove it, or write a prompt")
+    if errors or (data.prompts_file and read_prompts(data.prompts_file) is None):
+        return errors  # the file's own problem is reported by its check
+    if core.eval.prompts_file:
+        eval_prompts, key = read_prompts(core.eval.prompts_file) or [], "eval.prompts_file"
+    elif data.eval_prompts:
+        eval_prompts, key = list(data.eval_prompts), "data.eval_prompts"
+    else:
+        return errors  # evaluation cycles through as many training prompts as eval.samples covers
+    distinct = len(dict.fromkeys(eval_prompts))
+    if distinct and core.eval.samples < 2 * distinct:
+        errors.append(f"eval.samples={core.eval.samples} leaves some of the {distinct} eval prompts ({key}) with one sample; "
+                      f"in-group diversity and the collapse monitor compare two or more per prompt: set "
+                      f"eval.samples>={2 * distinct}, or evaluate fewer prompts (eval.prompts_file)")
+    return errors

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
+from gyremedia.streams import Stream, stream_rng
+
+
+def read_prompts(path: str) -> list[str] | None:
+    """The non-blank lines of a prompts file, stripped; ``None`` when it cannot be read."""
+    try:
+        lines = Path(path).expanduser().read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return [line.strip() for line in lines if line.strip()]
 
 
 class PromptSource:
@@ -13,14 +22,13 @@ class PromptSource:
     def __init__(self, prompts: list[str], prompts_file: str | None = None) -> None:
         self.prompts = list(prompts)
         if prompts_file:
-            lines = Path(prompts_file).read_text().splitlines()
-            self.prompts += [line.strip() for line in lines if line.strip()]
+            self.prompts += read_prompts(prompts_file) or []
         if not self.prompts:
             raise ValueError("no prompts: set data.prompts or data.prompts_file")
 
     def groups_for_step(self, seed: int, step: int, num_groups: int) -> list[str]:
         """``num_groups`` prompts for ``step``: without repetition while the list is long enough."""
-        rng = np.random.default_rng([seed, step, 3])
+        rng = stream_rng(seed, step, Stream.PROMPTS)
         replace = num_groups > len(self.prompts)
         picks = rng.choice(len(self.prompts), size=num_groups, replace=replace)
         return [self.prompts[i] for i in picks]

@@ -13,8 +13,9 @@ from tqdm.auto import tqdm
 from gyremedia.config import ResolvedConfig
 from gyremedia.data import PromptSource
 from gyremedia.rollout import Media
-from gyremedia.sampling import INITIAL_NOISE, STEP_NOISE, sample_generators, sample_trajectories
-from gyremedia.scoring import RewardError, call_reward
+from gyremedia.sampling import sample_trajectories
+from gyremedia.streams import Stream, sample_generators
+from gyremedia.scoring import MalformedRewardOutput, RewardContractError, RewardError, call_reward
 
 
 def eval_prompts(config: ResolvedConfig) -> list[str]:
@@ -82,8 +83,8 @@ def generate(backbone: Any, sampler: Any, prompts: list[str], *, seed: int, num_
         ids = list(range(begin, begin + len(chunk)))
         states, _, _ = sample_trajectories(
             backbone, sampler, encode(backbone, chunk, preference),
-            initial_generators=sample_generators(seed, 0, INITIAL_NOISE, ids),
-            step_generators=sample_generators(seed, 0, STEP_NOISE, ids),
+            initial_generators=sample_generators(seed, 0, Stream.INITIAL_NOISE, ids),
+            step_generators=sample_generators(seed, 0, Stream.STEP_NOISE, ids),
             num_steps=num_steps, guidance_scale=guidance_scale,
         )
         parts.append((backbone.decode(states[:, -1]), states[:, -1]))
@@ -97,6 +98,8 @@ def score(rewards: dict[str, Any], media: Media, prompts: list[str]) -> dict[str
     for name, reward in rewards.items():
         try:
             components = call_reward(reward, media, prompts)
+        except MalformedRewardOutput as exc:
+            raise RewardContractError(f"reward {name!r} {exc}") from exc
         except Exception as exc:
             raise RewardError(f"reward {name!r} failed during evaluation: {type(exc).__name__}: {exc}") from exc
         for key, value in components.items():

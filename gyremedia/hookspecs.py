@@ -3,9 +3,11 @@
 Two kinds of hooks exist:
 
 * **Registration hooks** (``gyremedia_register_*``) are called once at start-up. Each receives a
-  ``register(name, factory, *, options=None, **meta)`` callable. ``factory`` builds the component
-  from its validated options (an instance of the ``options`` dataclass, which omegaconf uses to
-  check the yaml). Registering a component never makes a run use it: the yaml selects by name.
+  ``register(name, factory, *, options=None, description="", **capabilities)`` callable. ``factory``
+  builds the component from its validated options (an instance of the ``options`` dataclass, whose
+  types, ranges and choices are checked before any model loads: :mod:`gyremedia.options`). Capabilities
+  are read from the factory's class attributes (:data:`gyremedia.plugins.CAPABILITIES`); a factory
+  that is a plain function passes them here. Registering never makes a run use it: the yaml selects by name.
 * **Lifecycle hooks** are called during a run, keyword-only, on every registered plugin *and* on
   the component objects the run's config selected (a reward or regularizer instance may implement
   any of them). Hooks that change what is trained on (``gyremedia_after_rollout``,
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from gyremedia.rollout import Media, Rollout
-    from gyremedia.trainer import TrainState
+    from gyremedia.state import TrainState
 
 hookspec = pluggy.HookspecMarker("gyremedia")
 
@@ -154,9 +156,12 @@ def gyremedia_on_eval(state: TrainState, media: Media, metrics: dict[str, float]
 
 @hookspec
 def gyremedia_on_save_checkpoint(state: TrainState, path: Path) -> dict[str, Any] | None:
-    """Return this plugin's state to store in the checkpoint at ``path`` (JSON-serialisable).
+    """Return this plugin's state to store in the checkpoint (JSON-serialisable).
 
-    Results are keyed by plugin name; the same dict is handed back on load.
+    :param path: the checkpoint folder being written, on every rank. Files a plugin writes there are
+        published with the checkpoint (the folder is renamed to ``checkpoints/step-N`` once complete).
+
+    Results are keyed by plugin name; the main rank's dict is handed back on load.
     """
 
 

@@ -23,13 +23,10 @@ from typing import Any
 import torch
 
 from gyremedia.evaluation import EvalResult, encode, nanmean, score
-from gyremedia.sampling import noise_like, sample_generators
+from gyremedia.sampling import noise_like, renoise
+from gyremedia.streams import Stream, sample_generators
 
 logger = logging.getLogger("gyremedia")
-
-#: Random stream of the drift measurement's re-noising (training uses 0-4).
-DRIFT_NOISE = 5
-
 
 class HackingMonitor:
     """Gold rewards, velocity drift and the proxy-up-gold-down warning at each evaluation."""
@@ -100,11 +97,12 @@ def velocity_drift(backbone: Any, result: EvalResult, levels: int, guidance_scal
     for begin in range(0, len(finals), batch_size):
         x0 = finals[begin:begin + batch_size]
         conditions = encode(backbone, result.prompts[begin:begin + len(x0)], result.extras.get("preference"))
-        noise = noise_like(x0, sample_generators(0, 0, DRIFT_NOISE, list(range(begin, begin + len(x0)))))
+        noise = noise_like(x0, sample_generators(0, 0, Stream.MONITOR, list(range(begin, begin + len(x0)))))
         for t in torch.linspace(0, 1, levels + 2)[1:-1].tolist():
-            xt = (1 - t) * x0 + t * noise
-            v = backbone.predict(xt, torch.tensor(t), conditions, guidance_scale).float()
-            v_ref = backbone.predict(xt, torch.tensor(t), conditions, guidance_scale, reference=True).float()
+            xt = renoise(x0, noise, t)
+            level = torch.tensor(t, device=x0.device)
+            v = backbone.predict(xt, level, conditions, guidance_scale).float()
+            v_ref = backbone.predict(xt, level, conditions, guidance_scale, reference=True).float()
             gap += float((v - v_ref).pow(2).sum())
             norm += float(v_ref.pow(2).sum())
     return gap / max(norm, 1e-12)

@@ -72,6 +72,46 @@ def call_each(pm: pluggy.PluginManager, hook_name: str, **kwargs: Any) -> dict[s
     return results
 
 
+#: What a component of each kind may declare about itself, as class attributes, with the default
+#: when it declares nothing. The config reads them to refuse impossible combinations before any model loads.
+CAPABILITIES: dict[str, dict[str, Any]] = {
+    "backbone": {"media_kind": None, "prediction": None},  # the Media kind it decodes to; velocity | epsilon | None
+    "sampler": {"has_log_prob": False, "needs_predict": False, "prediction": None},
+    # kl_regularizer: the regularizer an objective's `kl_beta` option selects (with that weight)
+    # needs_tree_rollouts: it trains on tree rollouts (rollout.branch_steps)
+    "objective": {"requires_log_prob": False, "default_weighting": None, "kl_regularizer": None,
+                  "needs_tree_rollouts": False},
+    "reward": {"kinds": None},  # the media kinds it scores
+    "regularizer": {"requires_log_prob": False},
+    "weighting": {},
+    "logger": {},
+}
+
+
+def read_capabilities(kind: str, name: str, plugin: str, factory: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """A component's capabilities: the class attributes of ``factory`` (a factory that is not a class may
+    pass them to ``register``). Unknown keys, and a value given twice that disagrees, are errors."""
+    known = CAPABILITIES[kind]
+    where = f"{kind} {name!r} from {plugin!r}"
+    unknown = sorted(k for k in given if k not in known and k != "description")
+    if unknown:
+        hints = [f"{k} (did you mean {difflib.get_close_matches(k, list(known), n=1)[0]}?)"
+                 if difflib.get_close_matches(k, list(known), n=1) else k for k in unknown]
+        allowed = ", ".join(known) or "none"
+        raise PluginError(f"{where}: unknown register() keys {', '.join(hints)}; a {kind} declares {allowed} "
+                          "as class attributes")
+    meta: dict[str, Any] = {"description": given.get("description", "")}
+    for key, default in known.items():
+        declared = getattr(factory, key, default) if isinstance(factory, type) else default
+        if key in given:
+            if isinstance(factory, type) and hasattr(factory, key) and getattr(factory, key) != given[key]:
+                raise PluginError(f"{where}: register({key}={given[key]!r}) disagrees with the class's "
+                                  f"{key} = {getattr(factory, key)!r}: declare it once, on the class")
+            declared = given[key]
+        meta[key] = declared
+    return meta
+
+
 class Registry:
     """All components registered by all plugins, by kind and name."""
 
@@ -179,7 +219,8 @@ class PluginManager:
                              _plugin: str = impl.plugin_name, _kind: str = kind, **meta: Any) -> None:
                     if options is not None and not dataclasses.is_dataclass(options):
                         raise PluginError(f"{_kind} {name!r} from {_plugin!r}: options must be a dataclass")
-                    registry.add(Component(_kind, name, factory, options, _plugin, meta))
+                    capabilities = read_capabilities(_kind, name, _plugin, factory, meta)
+                    registry.add(Component(_kind, name, factory, options, _plugin, capabilities))
 
                 impl.function(register)
         return registry

@@ -25,6 +25,17 @@ def run_config(run_dir: Path, overrides: list[str], pm: PluginManager) -> Resolv
     return resolve_config(load_config(path, [f"run.output_dir={run_dir}", *overrides]), pm)
 
 
+def quiet_libraries() -> None:
+    """Silence what diffusers and transformers print that says nothing to a gyremedia user: a progress bar per
+    file loaded or written, and notices such as "text_encoder_3=None ... cannot be saved" at every export."""
+    import diffusers
+    import transformers
+
+    for library in (diffusers, transformers):
+        library.utils.logging.set_verbosity_error()
+        library.utils.logging.disable_progress_bar()
+
+
 def default_device() -> torch.device:
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     return accelerator or torch.device("cpu")

@@ -6,24 +6,23 @@ trajectory is the same on one process or many, and after a resume.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from gyremedia.interfaces import Backbone, ObjectiveContext, Sampler, Transition
 from gyremedia.rollout import Rollout
-
-#: Independent random streams of a sample: its initial noise and its per-step noise.
-INITIAL_NOISE, STEP_NOISE = 0, 1
+from gyremedia.streams import sample_generators  # noqa: F401 - re-exported: samplers and backbones draw with it
 
 
-def sample_generators(seed: int, step: int, stream: int | tuple[int, ...], ids: list[int]) -> list[torch.Generator]:
-    """One CPU generator per id, seeded from ``(seed, step, stream..., id)`` through numpy's SeedSequence."""
-    streams = list(stream) if isinstance(stream, tuple) else [stream]
-    generators = []
-    for sample_id in ids:
-        state = np.random.SeedSequence([seed, step, *streams, int(sample_id)]).generate_state(2, dtype=np.uint32)
-        generators.append(torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1])))
-    return generators
+def per_sample(value: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """A ``[B]`` tensor viewed as ``[B, 1, ...]`` to multiply ``states``."""
+    return value.view(-1, *([1] * (states.dim() - 1)))
+
+
+def renoise(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor | float) -> torch.Tensor:
+    """The flow's forward process ``x_t = (1 - t) x0 + t eps`` at level ``t``: a scalar, or ``[B]`` (one per sample)."""
+    if isinstance(t, torch.Tensor) and t.dim() == 1:
+        t = per_sample(t, x0)
+    return (1 - t) * x0 + t * noise
 
 
 def noise_like(x: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
@@ -71,15 +70,3 @@ def replay_transition(ctx: ObjectiveContext, rollout: Rollout, index: int, *,
     output = ctx.backbone.predict(x, rollout.sigmas[index], rollout.conditions, ctx.guidance_scale, reference=reference)
     transition = ctx.sampler.step(x, output, rollout.sigmas, index, next_state=rollout.states[:, index + 1])
     return transition, output
-
-
-def transition_kl(policy: Transition, reference: Transition) -> torch.Tensor:
-    """Per-sample ``KL(pi_theta || pi_ref)`` of two Gaussian steps with the same std (Flow-GRPO's form):
-    ``||mean_theta - mean_ref||^2 / (2 std^2)``, averaged over the state's dimensions (``std`` a scalar)."""
-    if policy.std is None or reference.mean is None:
-        raise ValueError("a transition KL needs Gaussian transitions (mean and std) from a stochastic sampler")
-    dims = tuple(range(1, policy.mean.dim()))
-    std = torch.as_tensor(policy.std, dtype=torch.float32, device=policy.mean.device)
-    gap = ((policy.mean.float() - reference.mean.float()) ** 2).mean(dim=dims)
-    # A deterministic step (std 0, e.g. CPS's last) has no density to compare: no KL.
-    return torch.where(std > 0, gap / (2 * std.clamp(min=1e-12) ** 2), torch.zeros_like(gap))

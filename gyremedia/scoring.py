@@ -32,8 +32,17 @@ class RewardError(RuntimeError):
     """A reward raised, timed out, or returned a non-finite or malformed score."""
 
 
+class RewardContractError(RewardError):
+    """A reward returned the wrong keys or shapes: a bug in the reward, fatal under every failure policy."""
+
+
 class MalformedRewardOutput(ValueError):
-    """A reward returned the wrong keys or shapes: a bug in the reward, fatal under every policy."""
+    """What :func:`call_reward` raises for output that breaks the reward contract."""
+
+
+#: What every reward returns (:class:`gyremedia.interfaces.Reward`), quoted in the errors that break it.
+REWARD_CONTRACT = ("a reward returns a Tensor[B], or a dict of Tensor[B] holding a 'score' (its other entries are "
+                   "logged as components)")
 
 
 #: Component names a reward may not return: the trainer logs ``reward/<name>/dropped`` itself.
@@ -55,9 +64,9 @@ def call_reward(reward: Any, media: Media, prompts: list[str]) -> dict[str, torc
     parts = [reward_components(out) for out in outputs]
     keys = set(parts[0])
     if "score" not in keys:
-        raise MalformedRewardOutput(f"returned keys {sorted(keys)} without a 'score'")
+        raise MalformedRewardOutput(f"returned keys {sorted(keys)} without a 'score': {REWARD_CONTRACT}")
     if any(set(p) != keys for p in parts):
-        raise MalformedRewardOutput("returned different keys for different chunks of the batch")
+        raise MalformedRewardOutput(f"returned different keys for different chunks of the batch: {REWARD_CONTRACT}")
     reserved = keys & RESERVED_COMPONENTS
     if reserved:
         raise MalformedRewardOutput(f"returned a component named {sorted(reserved)[0]!r}, a name the trainer uses for "
@@ -67,7 +76,8 @@ def call_reward(reward: Any, media: Media, prompts: list[str]) -> dict[str, torc
         chunks = [torch.as_tensor(p[key], dtype=torch.float32).detach().cpu() for p in parts]
         shapes = [tuple(chunk.shape) for chunk in chunks]
         if sum(chunk.numel() for chunk in chunks) != len(prompts) or any(len(s) != 1 for s in shapes):
-            raise MalformedRewardOutput(f"'{key}' has shape {shapes[0] if len(shapes) == 1 else shapes}, expected ({len(prompts)},)")
+            raise MalformedRewardOutput(f"'{key}' has shape {shapes[0] if len(shapes) == 1 else shapes}, expected "
+                                        f"({len(prompts)},): {REWARD_CONTRACT}")
         components[key] = torch.cat(chunks)
     return components
 
@@ -123,7 +133,7 @@ class Scorer:
                 scores = self._failed(s.name, step, prompts, f"no answer within timeout={timeout} s", policy)
                 failed[:] = True
             except MalformedRewardOutput as exc:  # a bug in the reward, never a flaky sample
-                raise reward_error(s.name, step, prompts, str(exc)) from exc
+                raise RewardContractError(f"reward {s.name!r} (rewards) {exc}") from exc
             except Exception as exc:  # noqa: BLE001 - any reward failure is reported, by policy
                 scores = self._failed(s.name, step, prompts, f"{type(exc).__name__}: {exc}", policy, exc)
                 failed[:] = True

@@ -10,8 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import os
+import signal
+import sys
+import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,36 +34,36 @@ from gyremedia.plugins import PluginManager, call_each
 from gyremedia.media_io import plot_metrics, plot_pareto_front
 from gyremedia.monitor import HackingMonitor
 from gyremedia.rollout import Rollout
+from gyremedia.state import TrainState
 from gyremedia.runs import EXPORT_DIR, RESOLVED_CONFIG
 from gyremedia.scoring import RewardError, Scorer, reward_error  # noqa: F401 - RewardError is part of the API
-from gyremedia.sampling import INITIAL_NOISE, STEP_NOISE, sample_generators, sample_trajectories
+from gyremedia.sampling import sample_trajectories
+from gyremedia.streams import Stream, sample_generators, stream_rng
 from gyremedia.tree import sample_trees
 
 logger = logging.getLogger("gyremedia")
 
 
+class NonFiniteLoss(RuntimeError):
+    """A loss term or the gradient was NaN or inf: the run stopped before that update."""
+
+    def __init__(self, step: int, terms: list[str], last_checkpoint: int | None) -> None:
+        saved = (f"the last checkpoint ({ckpt.checkpoint_name(last_checkpoint)}) holds finite weights"
+                 if last_checkpoint is not None else "no checkpoint was written yet")
+        super().__init__(f"step {step}: {', '.join(terms)} not finite; the run stopped before this update, so {saved}: "
+                         "lower train.learning_rate or train.max_grad_norm, or set train.on_nonfinite=skip to drop such "
+                         "updates")
+        self.step, self.terms = step, terms
 
 
-@dataclass
-class TrainState:
-    """Everything hooks may look at during a run."""
+class Interrupted(RuntimeError):
+    """A SIGTERM or SIGINT ended the run after a checkpoint; ``exit_code`` is 128 + the signal number."""
 
-    config: ResolvedConfig
-    accelerator: Any
-    run_dir: Path
-    plugins: PluginManager
-    step: int = 0  # optimizer steps completed (one rollout each)
-    backbone: Any = None
-    sampler: Any = None
-    objective: Any = None
-    rewards: dict[str, Any] = field(default_factory=dict)
-    regularizers: dict[str, Any] = field(default_factory=dict)
-    weighting: Any = None  # timestep weighting of an ELBO-family objective, if it uses one
-    loggers: list[Any] = field(default_factory=list)
-    optimizer: Any = None
-    lr_scheduler: Any = None
-    rollout: Rollout | None = None  # the step's rollout, scored and with advantages, for hooks
-    last_metrics: dict[str, float] = field(default_factory=dict)
+    def __init__(self, signum: int, step: int, checkpoint: Path, run_dir: Path) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(f"{name} received: stopped after step {step} with checkpoint {checkpoint}; continue with "
+                         f"`gyremedia train --resume {run_dir}`")
+        self.exit_code = 128 + signum
 
 
 def _create_accelerator():
@@ -91,14 +95,10 @@ def check_process_layout(config: ResolvedConfig, num_processes: int) -> None:
         )
 
 
-#: Random stream of a Pareto run's preference weights (one draw per prompt group).
-PREFERENCE_STREAM = 4
-
-
 def preference_weights(seed: int, step: int, group_ids: torch.Tensor, count: int, concentration: float) -> torch.Tensor:
     """``[B, count]`` reward-preference weights, one Dirichlet draw per group keyed by ``(seed, step, group)``
     (the same on any number of processes)."""
-    rows = {g: np.random.default_rng([seed, step, PREFERENCE_STREAM, g]).dirichlet([concentration] * count)
+    rows = {g: stream_rng(seed, step, Stream.PREFERENCE, g).dirichlet([concentration] * count)
             for g in group_ids.unique().tolist()}
     return torch.tensor(np.stack([rows[g] for g in group_ids.tolist()]), dtype=torch.float32)
 
@@ -113,28 +113,27 @@ class Trainer:
         self.accelerator = accelerator or _create_accelerator()
         check_process_layout(config, self.accelerator.num_processes)
         self.run_dir = Path(self.core.run.output_dir)
-        self.resume_from = self._checkpoint_to_resume(resume)
+        self.resume = resume
+        self._refuse_to_overwrite()
         self.state = TrainState(config=config, accelerator=self.accelerator, run_dir=self.run_dir, plugins=plugins)
         self.prompts = PromptSource(self.core.data.prompts, self.core.data.prompts_file)
         # With async scoring: the next step's rollout, sampled and being scored. Not checkpointed: a
         # resumed run samples it again with the restored policy.
         self._pending: dict[int, tuple[Rollout, dict[str, Any], float]] = {}
         self._base_metrics: dict[str, float] | None = None  # the step-0 evaluation (not kept across a resume)
+        self._last_save: tuple[int, float] | None = None  # (step, monotonic time) of the last checkpoint
+        self._nonfinite_skipped = 0
+        self._eval_scores: dict[int, torch.Tensor] = {}  # per-sample accuracy at step 0 and at the last step
+        self._signal: int | None = None  # the first SIGTERM / SIGINT received
 
     # ------------------------------------------------------------------ set-up
 
-    def _checkpoint_to_resume(self, resume: bool) -> Path | None:
-        latest = ckpt.latest_checkpoint(self.run_dir)
-        if resume:
-            if latest is None:
-                logger.warning("no complete checkpoint in %s: starting from step 0", self.run_dir)
-            return latest
-        if latest is not None:
+    def _refuse_to_overwrite(self) -> None:
+        if not self.resume and ckpt.list_checkpoints(self.run_dir):
             raise ConfigError(
                 f"run.output_dir={str(self.run_dir)!r} already holds checkpoints: resume it with "
                 f"`gyremedia train --resume {self.run_dir}` or set run.output_dir to a new folder"
             )
-        return None
 
     def setup(self) -> TrainState:
         """Write the resolved config, build components, prepare with accelerate, maybe resume."""
@@ -158,13 +157,6 @@ class Trainer:
         if self.config.weighting is not None:
             state.weighting = state.plugins.build(self.config.weighting, context)
         state.rewards = {s.name: state.plugins.build(s, context) for s in self.config.rewards}
-        for name, reward in state.rewards.items():
-            kinds = set(getattr(reward, "kinds", ()))
-            if state.backbone.media_kind not in kinds:
-                raise ConfigError(
-                    f"reward {name!r} scores {sorted(kinds)} but backbone {self.config.backbone.name!r} "
-                    f"produces {state.backbone.media_kind!r} media"
-                )
         self.scorer = Scorer(self.config.rewards, state.rewards)
         self.monitor = HackingMonitor(self.core.monitor, {s.name: state.plugins.build(s, context) for s in self.config.gold_rewards},
                                       proxy=f"eval/{self.config.rewards[0].name}")
@@ -191,17 +183,26 @@ class Trainer:
         self._trained_module = prepared
         self._params = params
 
-        if self.resume_from is not None:
-            weights, saved = ckpt.load_checkpoint(acc, self.resume_from, optimizer=state.optimizer,
-                                                  scheduler=state.lr_scheduler)
-            state.backbone.load_trainable_state_dict(weights)
-            for name, component in self._stateful_components().items():
-                component.load_state_dict(saved["components"].get(name, {}))
-            state.step = saved["step"]
-            state.plugins.hook.gyremedia_on_load_checkpoint(state=state, path=self.resume_from,
-                                                            plugin_state=saved.get("plugins", {}))
-            logger.info("resumed from %s at step %d", self.resume_from, state.step)
+        if self.resume:
+            self._resume()
         return state
+
+    def _resume(self) -> None:
+        """Continue from the newest checkpoint that reads whole (damaged newer ones are skipped, with a warning)."""
+        state, acc = self.state, self.accelerator
+        loaded = ckpt.read_latest_checkpoint(acc, self.run_dir)
+        if loaded is None:
+            logger.warning("no usable checkpoint in %s: starting from step 0", self.run_dir)
+            return
+        state.backbone.load_trainable_state_dict(loaded.weights)
+        ckpt.apply_checkpoint(loaded, optimizer=state.optimizer, scheduler=state.lr_scheduler,
+                              process_index=acc.process_index)
+        for name, component in self._stateful_components().items():
+            component.load_state_dict(loaded.state["components"].get(name, {}))
+        state.step = loaded.state["step"]
+        state.plugins.hook.gyremedia_on_load_checkpoint(state=state, path=loaded.path,
+                                                        plugin_state=loaded.state.get("plugins", {}))
+        logger.info("resumed from %s at step %d", loaded.path, state.step)
 
     # ------------------------------------------------------------------ one step
 
@@ -243,8 +244,8 @@ class Trainer:
             else:
                 states, log_probs, sigmas = sample_trajectories(
                     state.backbone, state.sampler, conditions,
-                    initial_generators=sample_generators(self.core.run.seed, step, INITIAL_NOISE, noise_ids[span].tolist()),
-                    step_generators=sample_generators(self.core.run.seed, step, STEP_NOISE, sample_ids[span].tolist()),
+                    initial_generators=sample_generators(self.core.run.seed, step, Stream.INITIAL_NOISE, noise_ids[span].tolist()),
+                    step_generators=sample_generators(self.core.run.seed, step, Stream.STEP_NOISE, sample_ids[span].tolist()),
                     num_steps=r.num_steps, guidance_scale=r.guidance_scale,
                 )
             parts.append((conditions, states, log_probs))
@@ -319,10 +320,11 @@ class Trainer:
                                guidance_scale=self.core.rollout.guidance_scale, step=step, weighting=state.weighting)
         size = len(rollout) // train.num_minibatches
         sums: dict[str, float] = {}
-        count = 0
+        count = skipped = 0
         for begin in range(0, len(rollout), size):
             batch = rollout.select(slice(begin, begin + size))
             micro_steps = state.objective.micro_steps(batch, step)
+            not_finite: set[str] = set()
             for k, micro in enumerate(micro_steps):
                 last = k == len(micro_steps) - 1
                 sync = contextlib.nullcontext() if last else acc.no_sync(self._trained_module)
@@ -343,15 +345,33 @@ class Trainer:
                     terms["loss"] = loss.detach()
                     acc.backward(loss / len(micro_steps))
                 for key, value in terms.items():
-                    sums[key] = sums.get(key, 0.0) + float(value)
+                    value = float(value)
+                    if not math.isfinite(value):
+                        not_finite.add(key)
+                    sums[key] = sums.get(key, 0.0) + value
                 count += 1
-            grad_norm = acc.clip_grad_norm_(self._params, train.max_grad_norm)
+            grad_norm = float(acc.clip_grad_norm_(self._params, train.max_grad_norm))
+            if not math.isfinite(grad_norm):
+                not_finite.add("grad_norm")
+            # Every rank takes the same decision (a NaN on one rank reaches the others' gradients anyway).
+            if mean_over_ranks(acc, float(bool(not_finite))) > 0:
+                if train.on_nonfinite == "stop":
+                    raise NonFiniteLoss(step + 1, sorted(not_finite) or ["(on another process)"],
+                                        self._last_save[0] if self._last_save else None)
+                logger.warning("step %d: %s not finite: update skipped (train.on_nonfinite=skip)", step + 1,
+                               ", ".join(sorted(not_finite)) or "a loss term on another process")
+                state.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
             state.optimizer.step()
             state.lr_scheduler.step()
             state.optimizer.zero_grad(set_to_none=True)
-            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm) * len(micro_steps)
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm * len(micro_steps)
         metrics = {key: mean_over_ranks(acc, total / count) for key, total in sums.items()}
         metrics["lr"] = state.lr_scheduler.get_last_lr()[0]
+        if train.on_nonfinite == "skip":
+            self._nonfinite_skipped += skipped
+            metrics["train/nonfinite_skipped"] = float(self._nonfinite_skipped)
         return metrics
 
     def _sample_and_submit(self, step: int) -> tuple[Rollout, dict[str, Any], float]:
@@ -402,6 +422,9 @@ class Trainer:
                                  self.core.eval.grid_size)
             if step == 0:
                 self._base_metrics = metrics
+            key = evaluation.accuracy_key(self.config)
+            if key in result.scores and step in (0, self.core.train.steps):
+                self._eval_scores[step] = result.scores[key]
             if self.core.pareto.enabled and step == self.core.train.steps:
                 metrics.update(self._pareto_front())
             state.plugins.hook.gyremedia_on_eval(state=state, media=result.media, metrics=metrics)
@@ -427,15 +450,21 @@ class Trainer:
             sink.log(metrics, step)
 
     def save(self) -> Path:
+        """Checkpoint the current step (every rank); plugins' hooks see the folder being written."""
         state = self.state
-        plugin_state = {k: v for k, v in call_each(state.plugins.pm, "gyremedia_on_save_checkpoint", state=state,
-                                                   path=self.run_dir).items() if v is not None}
-        return ckpt.save_checkpoint(
+
+        def plugin_state(folder: Path) -> dict[str, Any]:
+            return {k: v for k, v in call_each(state.plugins.pm, "gyremedia_on_save_checkpoint", state=state,
+                                               path=folder).items() if v is not None}
+
+        path = ckpt.save_checkpoint(
             self.accelerator, self.run_dir, state.step, weights=state.backbone.trainable_state_dict(),
             optimizer=state.optimizer, scheduler=state.lr_scheduler, plugin_state=plugin_state,
             keep_last=self.core.checkpoint.keep_last,
             component_state={name: c.state_dict() for name, c in self._stateful_components().items()},
         )
+        self._last_save = (state.step, time.monotonic())
+        return path
 
     def _stateful_components(self) -> dict[str, Any]:
         """Selected components with tensors to checkpoint (``state_dict``/``load_state_dict``)."""
@@ -461,30 +490,41 @@ class Trainer:
             logger.info("exported the trained pipeline to %s", self.run_dir / EXPORT_DIR)
 
     def train(self) -> TrainState:
-        """Run from the current step to ``train.steps``; returns the final state."""
+        """Run from the current step to ``train.steps``; returns the final state.
+
+        A SIGTERM or SIGINT finishes the current step, writes a checkpoint and raises :class:`Interrupted`
+        (a second one exits at once); ``checkpoint.max_lost_seconds`` bounds the work a kill can lose.
+        """
         state = self.setup() if self.state.backbone is None else self.state
-        acc, total = self.accelerator, self.core.train.steps
+        acc, total, every = self.accelerator, self.core.train.steps, self.core.checkpoint.every
+        self._started = time.monotonic()
+        self._last_save = self._last_save or (state.step, time.monotonic())
         progress = tqdm(total=total, initial=state.step, desc="train", dynamic_ncols=True,
                         disable=not (acc.is_main_process and self.core.logging.progress))
         try:
-            if state.step == 0:
-                self._log(self.evaluate(0), 0)
-            while state.step < total:
-                step = state.step
-                metrics = self.train_step(step)
-                state.step = step + 1
-                metrics["step"] = state.step
-                if self.core.eval.every and state.step % self.core.eval.every == 0 and state.step < total:
-                    metrics.update(self.evaluate(state.step))
-                if state.step == total:
-                    metrics.update(self.evaluate(state.step))
-                state.plugins.hook.gyremedia_on_step_end(state=state, metrics=metrics)
-                state.last_metrics = metrics
-                self._log(metrics, state.step)
-                progress.update(1)
-                progress.set_postfix(reward=f"{metrics['reward']:.4f}", loss=f"{metrics['loss']:.4g}")
-                if state.step % self.core.checkpoint.every == 0 or state.step == total:
-                    self.save()
+            with self._signals_handled():
+                if state.step == 0:
+                    self._log(self.evaluate(0), 0)
+                while state.step < total:
+                    step = state.step
+                    metrics = self.train_step(step)
+                    state.step = step + 1
+                    metrics["step"] = state.step
+                    if self.core.eval.every and state.step % self.core.eval.every == 0 and state.step < total:
+                        metrics.update(self.evaluate(state.step))
+                    if state.step == total:
+                        metrics.update(self.evaluate(state.step))
+                    state.plugins.hook.gyremedia_on_step_end(state=state, metrics=metrics)
+                    state.last_metrics = metrics
+                    self._log(metrics, state.step)
+                    progress.update(1)
+                    progress.set_postfix(reward=f"{metrics['reward']:.4f}", loss=f"{metrics['loss']:.4g}")
+                    stop, overdue = self._agree(self._signal is not None, self._save_overdue())
+                    if state.step % every == 0 or state.step == total or overdue or stop:
+                        self.save()
+                    if stop:
+                        checkpoint = self.run_dir / ckpt.CHECKPOINT_DIR / ckpt.checkpoint_name(state.step)
+                        raise Interrupted(self._signal or signal.SIGTERM, state.step, checkpoint, self.run_dir)
             self.finish()
             state.plugins.hook.gyremedia_on_train_end(state=state)
         except BaseException as exc:
@@ -496,3 +536,70 @@ class Trainer:
             for sink in state.loggers:
                 sink.close()
         return state
+
+    def _save_overdue(self) -> bool:
+        """Whether ``checkpoint.max_lost_seconds`` have passed since the last checkpoint."""
+        limit = self.core.checkpoint.max_lost_seconds
+        return bool(limit) and time.monotonic() - self._last_save[1] >= limit
+
+    def _agree(self, *flags: bool) -> list[bool]:
+        """Each flag, true if it is true on any rank (one collective), so every rank takes the same branch."""
+        if self.accelerator.num_processes == 1:
+            return list(flags)
+        local = torch.tensor([float(f) for f in flags], device=self.accelerator.device)
+        return [bool(v) for v in (self.accelerator.gather(local[None]).amax(dim=0) > 0).tolist()]
+
+    @contextlib.contextmanager
+    def _signals_handled(self):
+        """SIGTERM / SIGINT ask the loop to stop after the current step; a second one exits at once."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            name = signal.Signals(signum).name
+            if self._signal is not None:
+                sys.stderr.write(f"gyremedia: second {name}: exiting now, without a checkpoint\n")
+                os._exit(128 + signum)
+            self._signal = signum
+            logger.warning("%s received: finishing step %d, then writing a checkpoint and stopping "
+                           "(send it again to exit at once)", name, self.state.step + 1)
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    def summary(self) -> list[str]:
+        """What a finished run learned and where its artifacts are (main process), a few lines for the terminal."""
+        run, lines = self.run_dir, []
+        minutes, seconds = divmod(round(time.monotonic() - getattr(self, "_started", time.monotonic())), 60)
+        lines.append(f"trained {self.state.step} steps in {minutes} min {seconds} s; run folder: {run}")
+        key = evaluation.accuracy_key(self.config)
+        base, final = self._eval_scores.get(0), self._eval_scores.get(self.core.train.steps)
+        if final is not None:
+            values = final[~torch.isnan(final)]
+            fraction = bool(len(values)) and bool(((values >= 0) & (values <= 1)).all())
+            show = (lambda v: f"{100 * v:.1f}%") if fraction else (lambda v: f"{v:.4g}")
+            if base is not None:
+                gain = evaluation.paired_gain(base, final)
+                diff = ((lambda v: f"{v:+.1f}") if fraction else (lambda v: f"{v / 100:+.4g}"))
+                unit = " points" if fraction else ""
+                lines.append(f"held-out {key}: {show(evaluation.nanmean(base))} at step 0 -> "
+                             f"{show(evaluation.nanmean(final))} at step {self.state.step}: {diff(gain['points'])}{unit} "
+                             f"(paired 95% interval {diff(gain['ci95_low'])} to {diff(gain['ci95_high'])}, "
+                             f"{gain['samples']} samples)")
+            else:
+                lines.append(f"held-out {key}: {show(evaluation.nanmean(final))} at step {self.state.step} "
+                             "(the base model was evaluated before the resume: `gyremedia eval` compares both)")
+        grids = sorted((str(p) for p in (run / "samples").glob("*") if p.stem in ("before", "after")), reverse=True)
+        if grids:
+            lines.append(f"samples: {', '.join(grids)}")
+        if (run / "reward_curve.png").is_file():
+            lines.append(f"plot:    {run / 'reward_curve.png'}")
+        if (run / EXPORT_DIR).is_dir():
+            lines.append(f"export:  {run / EXPORT_DIR} (its README.md shows how to load it)")
+        lines.append(f"next:    gyremedia eval {run}    |    gyremedia train --resume {run} train.steps=N (train longer)")
+        return lines

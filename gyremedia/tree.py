@@ -15,10 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from gyremedia.interfaces import Backbone, Sampler
-from gyremedia.sampling import INITIAL_NOISE, noise_like, sample_generators
-
-#: Random stream of a tree node's transitions (the flat rollout uses streams 0 and 1).
-TREE_NOISE = 3
+from gyremedia.sampling import noise_like
+from gyremedia.streams import Stream, sample_generators
 
 
 @dataclass
@@ -41,13 +39,13 @@ def sample_trees(backbone: Backbone, sampler: Sampler, conditions: dict[str, tor
     Node noise is drawn from a generator keyed by ``(seed, step, group, depth, path)``, so a tree
     is the same whatever else is in the batch and on any number of processes.
     """
-    x = backbone.sample_noise(sample_generators(seed, step, INITIAL_NOISE, group_ids))
+    x = backbone.sample_noise(sample_generators(seed, step, Stream.INITIAL_NOISE, group_ids))
     sigmas = backbone.sigmas(num_steps).to(x.device)
     paths = [(g, ()) for g in group_ids]  # (group, child indices chosen so far) per node
     owner = torch.arange(len(group_ids))  # which tree (row of `conditions`) each node belongs to
 
     def generators() -> list[torch.Generator]:
-        return [sample_generators(seed, step, (TREE_NOISE, len(path), *path), [group])[0] for group, path in paths]
+        return [sample_generators(seed, step, (Stream.TREE_NODES, len(path), *path), [group])[0] for group, path in paths]
 
     node_generators = generators()
     node_conditions = conditions

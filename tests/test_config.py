@@ -12,36 +12,7 @@ import pytest
 from gyremedia.config import ConfigError
 from gyremedia.trainer import Trainer
 
-BAD_CONFIGS = [
-    # (overrides, text the error must contain)
-    (["train.lerning_rate=0.1"], ["unknown key 'train.lerning_rate'", "did you mean 'train.learning_rate'"]),
-    (["trian.steps=3"], ["unknown key 'trian'", "did you mean 'train'"]),
-    (["sampler.noise_levl=0.5"], ["unknown key 'sampler.noise_levl'", "did you mean 'sampler.noise_level'"]),
-    (["train.steps=many"], ["wrong type for 'train.steps'"]),
-    (["objective.clip_range=wide"], ["wrong type for 'objective.clip_range'"]),
-    (["sampler.name=flow_sdee"], ["unknown sampler 'flow_sdee'", "Registered samplers: cps, dance_sde, ddim_eta, flow_sde, heun, ode, window", "Did you mean 'flow_sde'"]),
-    (["rewards.0.name=aesthetics"], ["'rewards.0.name'", "unknown reward 'aesthetics'", "jpeg_compressibility"]),
-    (["rollout.batch_size=10"], ["rollout.batch_size=10 is not divisible by rollout.group_size=4", "rollout.batch_size=8 or 12"]),
-    (["rollout.group_size=1", "rollout.batch_size=4"], ["rollout.group_size=1", "rollout.group_size>=2"]),
-    (["run.seed=???"], ["missing value for 'run.seed'"]),
-    (["sampler.name=ode"], ["objective 'grpo' needs per-transition log-probs", "sampler 'ode' is deterministic"]),
-    (["eval.sampler={name: odee}"], ["'eval.sampler.name'", "unknown sampler 'odee'", "Did you mean 'ode'"]),
-    (["eval.metric=correct"], ["eval.metric='correct'", "'<reward>/<component>'"]),
-    (["eval.samplez=3"], ["unknown key 'eval.samplez'", "did you mean 'eval.samples'"]),
-    (["rewards.0.wieght=2"], ["unknown key 'rewards.0.wieght'", "did you mean 'rewards.0.weight'"]),
-    (["rewards.0.on_failure=ignore"], ["rewards.0.on_failure='ignore'", "allowed values are fail, drop"]),
-    (["rewards.0.timeout=soon"], ["wrong type for 'rewards.0.timeout'"]),
-    (["advantage.combine=max"], ["advantage.combine='max'", "sum, normalize_each"]),
-    (["rewards=[jpeg_compressibility, jpeg_compressibility]"], ["reward 'jpeg_compressibility' is selected twice"]),
-]
-
-
-@pytest.mark.parametrize("overrides,expected", BAD_CONFIGS, ids=[o[0][0] for o in BAD_CONFIGS])
-def test_bad_config_names_key_and_fix(make_config, overrides, expected):
-    with pytest.raises(ConfigError) as info:
-        make_config(*overrides)
-    for text in expected:
-        assert text in str(info.value)
+# Each bad input's exact message is in docs/errors.md, which tests/test_errors.py runs row by row.
 
 
 def test_missing_component_section(tmp_path, plugin_manager):
@@ -100,7 +71,8 @@ def test_existing_run_folder_is_not_overwritten(make_config, tmp_path):
 
 @pytest.mark.parametrize("override,key", [("train.lerning_rate=1", "train.lerning_rate"),
                                           ("sampler.name=flow_sdee", "flow_sdee"),
-                                          ("rollout.batch_size=7", "rollout.batch_size")])
+                                          ("rollout.batch_size=7", "rollout.batch_size"),
+                                          ("train.learning_rate=-1", "train.learning_rate=-1.0: must be > 0")])
 def test_cli_rejects_bad_config_in_seconds_without_loading_a_model(tiny_yaml, tmp_path, override, key):
     """The CLI exits 2, names the key, creates no run folder; importing diffusers is not needed."""
     env = dict(os.environ, PYTHONWARNINGS="ignore")

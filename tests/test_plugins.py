@@ -162,10 +162,32 @@ def test_describe_lists_registrations_and_lifecycle_hooks():
 ])
 def test_each_registration_hook_registers_its_kind(kind, hook_name):
     def register_one(register):
-        register(f"my_{kind}", lambda options, context: (kind, options.x), options=_Opts, note="hi")
+        register(f"my_{kind}", lambda options, context: (kind, options.x), options=_Opts, description="hi")
 
     plugin = type("OnePlugin", (), {hook_name: staticmethod(hookimpl(register_one))})
     pm = PluginManager(extra_plugins=[plugin], load_entry_points=False)
     component = pm.component(kind, f"my_{kind}")
-    assert component.plugin == "OnePlugin" and component.meta == {"note": "hi"}
+    assert component.plugin == "OnePlugin" and component.meta["description"] == "hi"
     assert component.build(_Opts(x=3), context=None) == (kind, 3)
+
+
+class _DeclaringSampler:
+    has_log_prob = True
+    prediction = "velocity"
+
+
+def _plugin_registering(**meta):
+    def register_one(register):
+        register("declared", _DeclaringSampler, **meta)
+
+    return type("Declaring", (), {"gyremedia_register_samplers": staticmethod(hookimpl(register_one))})
+
+
+def test_capabilities_are_read_from_the_class_and_unknown_register_keys_are_refused():
+    pm = PluginManager(extra_plugins=[_plugin_registering()], load_entry_points=False)
+    meta = pm.component("sampler", "declared").meta
+    assert meta["has_log_prob"] is True and meta["prediction"] == "velocity" and meta["needs_predict"] is False
+    with pytest.raises(PluginError, match="unknown register\\(\\) keys has_logprob \\(did you mean has_log_prob\\?\\)"):
+        PluginManager(extra_plugins=[_plugin_registering(has_logprob=False)], load_entry_points=False)
+    with pytest.raises(PluginError, match="disagrees with the class's has_log_prob = True: declare it once"):
+        PluginManager(extra_plugins=[_plugin_registering(has_log_prob=False)], load_entry_points=False)

@@ -52,3 +52,13 @@ def test_quickstart_raises_heldout_accuracy(tmp_path):
     assert gain["ci95_low"] > 0 and gain["points"] >= MIN_POINTS, gain
     # Answers to one prompt stay varied: no mode collapse.
     assert report["trained"]["diversity"] >= 0.5 * report["base"]["diversity"]
+    # The run's last lines say what was learned and where everything is, the figures those of `gyremedia eval`.
+    last = train.stdout.strip().splitlines()[-6:]
+    assert last[0].startswith(f"trained {STEPS} steps in ") and last[0].endswith(f"run folder: {run}")
+    base, trained = 100 * report["base"]["accuracy"], 100 * report["trained"]["accuracy"]
+    assert last[1] == (f"held-out shapes_verifier/correct: {base:.1f}% at step 0 -> {trained:.1f}% at step {STEPS}: "
+                       f"{gain['points']:+.1f} points (paired 95% interval {gain['ci95_low']:+.1f} to "
+                       f"{gain['ci95_high']:+.1f}, 256 samples)")
+    assert last[2] == f"samples: {run / 'samples/before.png'}, {run / 'samples/after.png'}"
+    assert last[3] == f"plot:    {run / 'reward_curve.png'}" and last[4].startswith(f"export:  {run / 'pipeline'}")
+    assert last[5].startswith(f"next:    gyremedia eval {run}")

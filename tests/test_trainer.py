@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from gyremedia import hookimpl
+from gyremedia.config import ConfigError
 from gyremedia.checkpoint import latest_checkpoint, list_checkpoints
 from gyremedia.cli import main
 from gyremedia.plugins import PluginManager
@@ -178,15 +179,15 @@ def test_non_finite_reward_fails_naming_reward_step_and_prompt(make_config):
 
 
 def test_reward_of_the_wrong_media_kind_is_refused(make_config):
-    class AudioOnly:
+    class AudioOnly:  # a factory function, not a class: it declares its capabilities to register()
         @staticmethod
         @hookimpl
         def gyremedia_register_rewards(register):
-            register("loudness", lambda context: type("R", (), {"kinds": {"audio"}})())
+            register("loudness", lambda context: object(), kinds={"audio"})
 
     pm = PluginManager(extra_plugins=[AudioOnly])
-    with pytest.raises(Exception, match="scores \\['audio'\\] but backbone 'flow_matching' produces 'image'"):
-        Trainer(make_config("rewards.0.name=loudness", plugins=pm), pm).setup()
+    with pytest.raises(ConfigError, match="reward 'loudness' scores audio, but backbone 'flow_matching' makes image"):
+        make_config("rewards.0.name=loudness", plugins=pm)
 
 
 def test_kl_to_reference_runs_with_lora_and_full(make_config):
@@ -194,7 +195,7 @@ def test_kl_to_reference_runs_with_lora_and_full(make_config):
         config = make_config(f"backbone.lora.enabled={lora}", "objective.kl_beta=0.1", "train.steps=1",
                              f"run.output_dir={make_config().core.run.output_dir}-{lora}")
         state = Trainer(config, PluginManager()).train()
-        assert state.last_metrics["kl"] == 0.0  # on the first update the policy equals the reference
+        assert state.last_metrics["gaussian_kl/kl"] == 0.0  # on the first update the policy equals the reference
         assert torch.isfinite(torch.tensor(state.last_metrics["loss"]))
 
 
@@ -311,3 +312,150 @@ def test_async_scoring_samples_the_next_rollout_while_this_one_is_scored(make_co
     # rollout k+1 is sampled before the update on rollout k: at optimizer steps 0, 0, 1 (serially 0, 1, 2)
     assert state.rewards["overlap"].sampled_at == [0, 0, 1]
     assert [m["step"] for m in train_steps(state.run_dir)] == [1, 2, 3]
+
+
+@dataclass
+class NanOptions:
+    at_step: int = 2  # the optimizer step (1-based) whose loss is NaN
+
+
+class NanAtStep:
+    """A regularizer whose term is NaN at one step: stands for a diverging loss."""
+
+    def __init__(self, options, context):
+        self.at_step = options.at_step
+
+    def __call__(self, *, state, rollout, outputs):
+        value = outputs["model_output"].float().pow(2).mean() * 0
+        return {"blowup": value + float("nan") if state.step + 1 == self.at_step else value}
+
+
+class NanPlugin:
+    @staticmethod
+    @hookimpl
+    def gyremedia_register_regularizers(register):
+        register("nan_at_step", NanAtStep, options=NanOptions)
+
+
+def finite_weights(checkpoint) -> bool:
+    from safetensors.torch import load_file
+
+    return all(torch.isfinite(v).all() for v in load_file(str(checkpoint / "trainable.safetensors")).values())
+
+
+def test_a_nan_loss_stops_the_run_at_its_step_and_checkpoints_stay_finite(make_config, tmp_path):
+    from gyremedia.trainer import NonFiniteLoss
+
+    pm = PluginManager(extra_plugins=[NanPlugin])
+    config = make_config("regularizers=[{name: nan_at_step, at_step: 3}]", "train.steps=4", plugins=pm)
+    trainer = Trainer(config, pm)
+    with pytest.raises(NonFiniteLoss, match="step 3: loss, nan_at_step/blowup not finite") as info:
+        trainer.train()
+    assert "the last checkpoint (step-000002) holds finite weights" in str(info.value)
+    assert [c.name for c in list_checkpoints(tmp_path / "run")] == ["step-000001", "step-000002"]
+    assert finite_weights(latest_checkpoint(tmp_path / "run"))
+    assert all(torch.isfinite(p).all() for p in trainer.state.backbone.trainable_module().parameters())
+
+
+def test_skip_drops_the_nonfinite_update_and_counts_it(make_config):
+    pm = PluginManager(extra_plugins=[NanPlugin])
+    config = make_config("regularizers=[{name: nan_at_step, at_step: 2}]", "train.steps=3", "train.on_nonfinite=skip",
+                         plugins=pm)
+    state = Trainer(config, pm).train()
+    assert state.step == 3 and state.last_metrics["train/nonfinite_skipped"] == 1.0
+    assert state.lr_scheduler.last_epoch == 2  # the skipped update did not advance the schedule
+    assert finite_weights(latest_checkpoint(state.run_dir))
+
+
+def test_checkpoints_follow_the_time_bound_and_hooks_see_the_folder_being_written(make_config, tmp_path):
+    class WritesAFile:
+        @hookimpl
+        def gyremedia_on_save_checkpoint(self, state, path):
+            assert path.name == f".tmp-step-{state.step:06d}" and path.parent.name == "checkpoints"
+            (path / "extra.txt").write_text(str(state.step))
+
+    pm = PluginManager(extra_plugins=[WritesAFile()])
+    config = make_config("train.steps=3", "checkpoint.every=100", "checkpoint.max_lost_seconds=0.001",
+                         "checkpoint.keep_last=5", plugins=pm)
+    Trainer(config, pm).train()
+    saved = list_checkpoints(tmp_path / "run")
+    assert [c.name for c in saved] == ["step-000001", "step-000002", "step-000003"]  # each step was overdue
+    assert (saved[0] / "extra.txt").read_text() == "1"
+
+
+SIGNALLING_CHILD = '''
+import os, signal, sys
+from gyremedia import hookimpl
+from gyremedia.cli import main
+from gyremedia.plugins import PluginManager
+from gyremedia_rewards.compressibility import JpegCompressibility, JpegOptions
+
+
+class SignalAtStep(JpegCompressibility):
+    """JPEG size; it sends this process SIGTERM while it scores training step SIGNAL_AT (1-based)."""
+
+    calls = 0
+
+    def __call__(self, media, prompts):
+        if len(prompts) == 8:  # a training batch; the evaluations score 6 samples
+            SignalAtStep.calls += 1
+            if SignalAtStep.calls == int(os.environ.get("SIGNAL_AT", "0")):
+                os.kill(os.getpid(), signal.SIGTERM)
+        return super().__call__(media, prompts)
+
+
+class Plugin:
+    @hookimpl
+    def gyremedia_register_rewards(self, register):
+        register("signal_at_step", SignalAtStep, options=JpegOptions)
+
+
+plain_init = PluginManager.__init__
+PluginManager.__init__ = lambda self, extra_plugins=(), load_entry_points=True: plain_init(
+    self, [*extra_plugins, Plugin()], load_entry_points)
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def test_sigterm_checkpoints_the_step_exits_nonzero_and_resume_reproduces_the_run(tiny_yaml, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    child = tmp_path / "child.py"
+    child.write_text(SIGNALLING_CHILD)
+
+    def run(*args, signal_at=0):
+        env = {**os.environ, "SIGNAL_AT": str(signal_at)}
+        return subprocess.run([sys.executable, str(child), *args], capture_output=True, text=True, env=env, timeout=300)
+
+    common = ["rewards=[signal_at_step]", "train.steps=5", "checkpoint.every=100"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run("train", str(tiny_yaml), f"run.output_dir={straight}", *common).returncode == 0
+    interrupted = run("train", str(tiny_yaml), f"run.output_dir={split}", *common, signal_at=3)
+    assert interrupted.returncode == 143  # 128 + SIGTERM
+    assert ("SIGTERM received: stopped after step 3 with checkpoint " in interrupted.stderr
+            and f"gyremedia train --resume {split}" in interrupted.stderr)
+    assert [c.name for c in list_checkpoints(split)] == ["step-000003"]
+    resumed = run("train", "--resume", str(split))
+    assert resumed.returncode == 0, resumed.stderr
+    assert [m["step"] for m in train_steps(split)] == [1, 2, 3, 4, 5]
+    for got, want in zip(train_steps(split), train_steps(straight)):
+        assert comparable(got) == comparable(want), {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+
+
+def test_a_second_signal_exits_at_once(make_config, monkeypatch):
+    import signal
+
+    import gyremedia.trainer as trainer_module
+
+    exits = []
+    monkeypatch.setattr(trainer_module.os, "_exit", exits.append)
+    trainer = Trainer(make_config(), None)
+    with trainer._signals_handled():
+        handler = signal.getsignal(signal.SIGINT)
+        handler(signal.SIGINT, None)
+        assert trainer._signal == signal.SIGINT and exits == []
+        handler(signal.SIGINT, None)
+    assert exits == [130]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after the run

@@ -88,7 +88,8 @@ def test_dedup_and_pruning_choose_the_trained_rows(components):
     def rows(micro_step, **options):
         objective = TreeGRPOObjective(TreeGRPOOptions(**options), BuildContext(device=torch.device("cpu")))
         chosen, advantages = objective.trained_rows(rollout, micro_step)
-        return chosen.sample_ids.tolist(), advantages.tolist()
+        chosen = torch.arange(len(rollout)) if chosen is None else chosen
+        return rollout.sample_ids[chosen].tolist(), advantages.tolist()
 
     assert rows(0) == (list(range(8)), [1.0, 1.0, -1.0, -1.0, 0.5, 0.5, -0.5, -0.5])  # every leaf replays its path
     assert rows(0, dedup=True) == ([0, 2, 4, 6], [1.0, -1.0, 0.5, -0.5])  # one row per node at level 1
@@ -105,7 +106,7 @@ def test_pruned_tree_grpo_trains_on_policy(make_config):
     config = make_config(*TREE, "objective={name: tree_grpo, clip_range: 0.01, dedup: true, width: 1, skip_steps: [2]}",
                          "train.steps=1")
     metrics = Trainer(config, PluginManager()).train().last_metrics
-    assert metrics["ratio"] == 1.0 and metrics["grad_norm"] > 0
+    assert metrics["ratio"] == 1.0 and metrics["approx_kl"] == 0.0 and metrics["grad_norm"] > 0
 
 
 def test_tree_grpo_trains_on_policy_and_reports_the_saved_forward_passes(make_config):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -17,6 +18,7 @@ from gyremedia import hookimpl
 from gyremedia.backbones.tiny_sd3 import TinySD3Options, build_tiny_sd3_pipeline
 from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolicy
 from gyremedia.interfaces import BuildContext
+from gyremedia.options import option, pretrained_source
 from gyremedia.rollout import Media
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -24,19 +26,21 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class FlowMatchingOptions:
-    pretrained: str | None = None  # StableDiffusion3Pipeline folder or hub id; None builds `tiny`
+    pretrained: str | None = option(None, check=pretrained_source,
+                                    help="StableDiffusion3Pipeline folder or hub id; None builds `tiny`")
     tiny: TinySD3Options = field(default_factory=TinySD3Options)
-    dtype: str = "float32"  # weights of the frozen parts and the transformer: float32 | bfloat16 | float16
-    max_sequence_length: int = 256  # T5 tokens (or zero padding when the pipeline has no T5)
+    dtype: Literal["float32", "bfloat16", "float16"] = option("float32", help="weights of the frozen parts and "
+                                                                              "the transformer")
+    max_sequence_length: int = option(256, ge=1, help="T5 tokens (or zero padding when the pipeline has no T5)")
     lora: LoraOptions = field(default_factory=LoraOptions)
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
     # ParetoSlider: a trainable linear map (zero at start, so the base model is unchanged) adds a
     # reward-preference weight vector of this length to the pooled text embedding; 0 = none.
-    preference_inputs: int = 0
+    preference_inputs: int = option(0, ge=0, help="length of the reward-preference input (ParetoSlider); 0 = none")
     # Its output is multiplied by this: under Adam a parameter moves about lr per step whatever its
     # gradient's scale, so this is the embedder's learning-rate multiplier (the rest of the model
     # already responds to its prompt; the new input must catch up within the run).
-    preference_scale: float = 1000.0
+    preference_scale: float = option(1000.0, gt=0, help="the preference embedder's learning-rate multiplier")
 
 
 PREFERENCE_FILE = "preference_embedder.safetensors"
@@ -46,10 +50,9 @@ class FlowMatchingBackbone(TransformerPolicy):
     """An SD3-family pipeline seen as a policy over denoising transitions."""
 
     media_kind = "image"
+    prediction = "velocity"
 
     def __init__(self, options: FlowMatchingOptions, context: BuildContext) -> None:
-        if options.dtype not in DTYPES:
-            raise ValueError(f"backbone.dtype={options.dtype!r}: expected one of {', '.join(DTYPES)}")
         from diffusers import StableDiffusion3Pipeline
 
         self.options = options
@@ -100,12 +103,15 @@ class FlowMatchingBackbone(TransformerPolicy):
     # ------------------------------------------------------------------ policy
 
     def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
-        """Prompt embeddings from the pipeline's own encoders, computed once per distinct prompt."""
-        missing = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
-        if missing:
-            embeds, pooled = self._encode(missing)
-            for i, prompt in enumerate(missing):
-                self._prompt_cache[prompt] = (embeds[i], pooled[i])
+        """Prompt embeddings from the pipeline's own encoders, computed once per distinct prompt.
+
+        Each prompt is encoded alone: a batched encoder's output can differ in its last bits with the
+        batch it was computed in, and a resumed run (whose cache starts empty) must see the same numbers.
+        """
+        for prompt in dict.fromkeys(prompts):
+            if prompt not in self._prompt_cache:
+                embeds, pooled = self._encode([prompt])
+                self._prompt_cache[prompt] = (embeds[0], pooled[0])
         return {
             "prompt_embeds": torch.stack([self._prompt_cache[p][0] for p in prompts]),
             "pooled_projections": torch.stack([self._prompt_cache[p][1] for p in prompts]),
@@ -240,5 +246,5 @@ class FlowMatchingBackbone(TransformerPolicy):
 
 @hookimpl
 def gyremedia_register_backbones(register):
-    register("flow_matching", FlowMatchingBackbone, options=FlowMatchingOptions, prediction="velocity", media_kind="image",
+    register("flow_matching", FlowMatchingBackbone, options=FlowMatchingOptions,
              description="SD3-family rectified-flow text-to-image (diffusers), full or LoRA")

@@ -7,9 +7,11 @@ to a folder that ``StableDiffusion3Pipeline.from_pretrained`` loads without gyre
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from gyremedia.options import OptionError, option
 
 DEFAULT_WORDS = (
     "a an one two three of the left right above below red green blue yellow white black "
@@ -21,18 +23,22 @@ DEFAULT_WORDS = (
 class TinySD3Options:
     """Sizes of the tiny pipeline; the defaults give about half a million parameters."""
 
-    latent_size: int = 8  # latent height and width
-    latent_channels: int = 4
-    vae_channels: list[int] = field(default_factory=lambda: [16, 32])  # one downsampling per extra entry
-    patch_size: int = 2
-    num_layers: int = 2
-    num_attention_heads: int = 2
-    attention_head_dim: int = 16
-    text_hidden_size: int = 32
-    text_layers: int = 2
-    text_max_length: int = 16
-    words: list[str] = field(default_factory=lambda: list(DEFAULT_WORDS))  # whole-word tokens
-    seed: int = 0
+    latent_size: int = option(8, ge=1, help="latent height and width")
+    latent_channels: int = option(4, ge=1, help="latent channels")
+    vae_channels: list[int] = option(default_factory=lambda: [16, 32], ge=1, help="one downsampling per extra entry")
+    patch_size: int = option(2, ge=1, help="transformer patch size")
+    num_layers: int = option(2, ge=1, help="transformer blocks")
+    num_attention_heads: int = option(2, ge=1, help="attention heads")
+    attention_head_dim: int = option(16, ge=1, help="channels per head")
+    text_hidden_size: int = option(32, ge=1, help="width of the CLIP text encoders")
+    text_layers: int = option(2, ge=1, help="layers of the CLIP text encoders")
+    text_max_length: int = option(16, ge=1, help="tokens per prompt")
+    words: list[str] = option(default_factory=lambda: list(DEFAULT_WORDS), help="whole-word tokens")
+    seed: int = option(0, ge=0, help="seed of the random weights")
+
+    def validate(self) -> None:
+        if self.latent_size % self.patch_size:
+            raise OptionError("latent_size", f"must be a multiple of patch_size={self.patch_size}")
 
 
 def _byte_alphabet() -> list[str]:

@@ -4,17 +4,24 @@ reference policy, checkpointed weights, and noise levels from the backbone's flo
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from gyremedia.options import OptionError, option
 
 
 @dataclass
 class LoraOptions:
-    enabled: bool = False
-    rank: int = 8
-    alpha: float = 16.0
-    target_modules: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
+    enabled: bool = option(False, help="train LoRA adapters instead of the full model")
+    rank: int = option(8, ge=1, help="adapter rank")
+    alpha: float = option(16.0, gt=0, help="adapter scale numerator (the scale is alpha / rank)")
+    target_modules: list[str] = option(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"],
+                                       help="module names the adapters wrap")
+
+    def validate(self) -> None:
+        if self.enabled and not self.target_modules:
+            raise OptionError("target_modules", "name at least one module for the adapters")
 
 
 class TransformerPolicy:

@@ -18,14 +18,15 @@ from dataclasses import dataclass
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext
+from gyremedia.interfaces import LossOutput, ObjectiveContext
 from gyremedia.objectives.forward_process import ForwardProcessObjective, ForwardProcessOptions
+from gyremedia.options import option
 from gyremedia.rollout import Rollout
 
 
 @dataclass
 class AWMOptions(ForwardProcessOptions):
-    clip_range: float = 0.0  # PPO clip of the ratio; 0 = no clip
+    clip_range: float = option(0.0, ge=0, help="PPO clip of the ratio; 0 = no clip")
 
 
 def awm_loss(log_p: torch.Tensor, log_p_old: torch.Tensor, advantages: torch.Tensor, clip_range: float) -> torch.Tensor:
@@ -40,12 +41,9 @@ def awm_loss(log_p: torch.Tensor, log_p_old: torch.Tensor, advantages: torch.Ten
 class AWMObjective(ForwardProcessObjective):
     """Advantage-weighted matching over re-noised rollout samples."""
 
-    name = "awm"
+    default_weighting = "t"
 
-    def __init__(self, options: AWMOptions, context: BuildContext) -> None:
-        if options.clip_range < 0:
-            raise ValueError(f"{self.name} needs clip_range >= 0")
-        super().__init__(options, context)
+    name = "awm"
 
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         o = self.options
@@ -61,8 +59,8 @@ class AWMObjective(ForwardProcessObjective):
 
 @dataclass
 class VGRPOOptions(AWMOptions):
-    clip_range: float = 0.01  # PPO clip of the ELBO ratio (our default, tuned on nothing yet)
-    shared_in_group: bool = True  # same noise levels and noise for a group's members
+    clip_range: float = option(0.01, ge=0, help="PPO clip of the ELBO ratio (our default, tuned on nothing yet)")
+    shared_in_group: bool = option(True, help="same noise levels and noise for a group's members")
 
 
 class VGRPOObjective(AWMObjective):
@@ -70,11 +68,12 @@ class VGRPOObjective(AWMObjective):
     stratified noise levels (its variance reduction). AWM's machinery with V-GRPO's defaults."""
 
     name = "vgrpo"
+    default_weighting = "uniform"
 
 
 @hookimpl
 def gyremedia_register_objectives(register):
-    register("awm", AWMObjective, options=AWMOptions, requires_log_prob=False, default_weighting="t",
+    register("awm", AWMObjective, options=AWMOptions,
              description="advantage-weighted matching: the flow-matching loss weighted by the advantage; any sampler")
-    register("vgrpo", VGRPOObjective, options=VGRPOOptions, requires_log_prob=False, default_weighting="uniform",
+    register("vgrpo", VGRPOObjective, options=VGRPOOptions,
              description="V-GRPO: clipped GRPO ratio of ELBO surrogates, noise shared within groups; any sampler")

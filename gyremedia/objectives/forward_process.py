@@ -16,11 +16,10 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.interfaces import LossOutput
+from gyremedia.options import OptionError, option
 from gyremedia.rollout import Rollout
-from gyremedia.sampling import noise_like, sample_generators
-
-#: Random stream of the forward-process noise (the rollout uses streams 0 and 1).
-FORWARD_NOISE = 2
+from gyremedia.sampling import noise_like, per_sample, renoise
+from gyremedia.streams import Stream, sample_generators, stream_rng
 
 
 @dataclass
@@ -37,11 +36,6 @@ class NoisedBatch:
         return per_sample(value, self.x0)
 
 
-def per_sample(value: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-    """A ``[B]`` tensor viewed as ``[B, 1, ...]`` to multiply ``states``."""
-    return value.view(-1, *([1] * (states.dim() - 1)))
-
-
 def stratified_levels(seed: int, step: int, micro_steps: int, keys: list[int], low: float, high: float) -> np.ndarray:
     """``[micro_steps, B]`` noise levels: each sample gets one level in each of ``micro_steps`` equal
     strata of ``[low, high]`` (in a random order), so its micro-steps cover the whole range. Levels
@@ -49,7 +43,7 @@ def stratified_levels(seed: int, step: int, micro_steps: int, keys: list[int], l
     levels = np.empty((micro_steps, len(keys)))
     edges = np.linspace(low, high, micro_steps + 1)
     for column, key in enumerate(keys):
-        rng = np.random.default_rng([seed, step, FORWARD_NOISE, int(key)])
+        rng = stream_rng(seed, step, Stream.RENOISE, key)
         order = rng.permutation(micro_steps)
         levels[:, column] = edges[order] + rng.random(micro_steps) * (edges[1] - edges[0])
     return levels
@@ -60,10 +54,9 @@ def noised_batch(rollout: Rollout, levels: np.ndarray, seed: int, step: int, mic
     """Re-noise the rollout's final samples at ``levels [B]``, with noise that depends only on
     ``(seed, step, micro_step, key)`` (the same on any number of processes)."""
     x0 = rollout.final.float()
-    noise = noise_like(x0, sample_generators(seed, step, (FORWARD_NOISE, micro_step), keys))
+    noise = noise_like(x0, sample_generators(seed, step, (Stream.RENOISE, micro_step), keys))
     t = torch.as_tensor(levels, dtype=torch.float32, device=x0.device)
-    t_states = per_sample(t, x0)
-    return NoisedBatch(t=t, x0=x0, noise=noise, xt=(1 - t_states) * x0 + t_states * noise)
+    return NoisedBatch(t=t, x0=x0, noise=noise, xt=renoise(x0, noise, t))
 
 
 class OldPolicy:
@@ -75,8 +68,6 @@ class OldPolicy:
     """
 
     def __init__(self, decay: float) -> None:
-        if not 0 <= decay < 1:
-            raise ValueError("the old policy's decay must be in [0, 1)")
         self.decay = decay
         self.shadow: list[torch.Tensor] | None = None
         self._loaded: dict[str, torch.Tensor] | None = None  # restored from a checkpoint, placed on first use
@@ -131,15 +122,21 @@ class OldPolicy:
 class ForwardProcessOptions:
     """Options every forward-process objective shares."""
 
-    adv_clip_max: float = 5.0  # advantages are clipped to [-adv_clip_max, adv_clip_max]
-    old_policy_decay: float = 0.0  # EMA decay of the old policy per step; 0 = the policy that sampled
-    timesteps: int = 2  # re-noised levels per sample per step (one micro-step each, stratified)
-    t_min: float = 0.0  # noise levels are drawn in [t_min, t_max]
-    t_max: float = 1.0
-    kl_beta: float = 0.0  # weight of ||v - v_ref||^2 to the base (reference) policy
+    adv_clip_max: float = option(5.0, gt=0, help="advantages are clipped to [-adv_clip_max, adv_clip_max]")
+    old_policy_decay: float = option(0.0, ge=0, lt=1, help="EMA decay of the old policy per step; 0 = the policy "
+                                                           "that sampled")
+    timesteps: int = option(2, ge=1, help="re-noised levels per sample per step (one micro-step each, stratified)")
+    t_min: float = option(0.0, ge=0, le=1, help="noise levels are drawn in [t_min, t_max]")
+    t_max: float = option(1.0, ge=0, le=1, help="noise levels are drawn in [t_min, t_max]")
+    kl_beta: float = option(0.0, ge=0, help="weight of ||v - v_ref||^2 to the reference policy (selects the "
+                                            "velocity_kl regularizer)")
     # The members of a group get the same noise levels and noise (V-GRPO's variance reduction: their
     # losses then differ by the samples alone).
-    shared_in_group: bool = False
+    shared_in_group: bool = option(False, help="a group's members share noise levels and noise")
+
+    def validate(self) -> None:
+        if self.t_min >= self.t_max:
+            raise OptionError("t_min", f"must be below t_max={self.t_max}")
 
 
 class ForwardProcessObjective:
@@ -149,16 +146,12 @@ class ForwardProcessObjective:
     """
 
     name = "forward_process"
+    kl_regularizer = "velocity_kl"  # what `kl_beta` selects
 
     def __init__(self, options: ForwardProcessOptions, context) -> None:
-        if options.adv_clip_max <= 0 or options.timesteps < 1:
-            raise ValueError(f"{self.name} needs adv_clip_max > 0 and timesteps >= 1")
-        if not 0 <= options.t_min < options.t_max <= 1:
-            raise ValueError(f"{self.name} needs 0 <= t_min < t_max <= 1")
         self.options = options
         self.seed = context.seed
         self.old = OldPolicy(options.old_policy_decay)
-        self.needs_reference = options.kl_beta > 0
         self._levels: tuple[int, np.ndarray] | None = None
 
     def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
@@ -196,16 +189,9 @@ class ForwardProcessObjective:
 
     def output(self, ctx, rollout: Rollout, batch: NoisedBatch, v: torch.Tensor, policy_loss: torch.Tensor,
                metrics: dict[str, torch.Tensor]) -> LossOutput:
-        """The micro-step's result: the policy loss plus ``kl_beta ||v - v_ref||^2`` (velocity-space KL
-        to the reference) if enabled, and the outputs regularizers read."""
+        """The micro-step's result: the policy loss, its metrics, and the outputs regularizers read."""
         metrics["policy_loss"] = policy_loss.detach()
-        loss = policy_loss
-        if self.options.kl_beta > 0:
-            v_ref = ctx.backbone.predict(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale, reference=True)
-            kl = (v - v_ref.float()).pow(2).mean()
-            metrics["kl"] = kl.detach()
-            loss = loss + self.options.kl_beta * kl
-        return LossOutput(loss=loss, metrics=metrics, outputs={"model_output": v, "sigma": batch.t, "state": batch.xt,
+        return LossOutput(loss=policy_loss, metrics=metrics, outputs={"model_output": v, "sigma": batch.t, "state": batch.xt,
                                                                "conditions": rollout.conditions})
 
     @hookimpl

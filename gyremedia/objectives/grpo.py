@@ -4,39 +4,43 @@ For each trained transition i of sample b, with advantage A_b and r = pi_theta /
 
     L = mean_b,i max(-A_b r, -A_b clip(r, 1 - eps, 1 + eps))  +  beta * KL(pi_theta || pi_ref)
 
-where the Gaussian KL between two transitions of equal std is ||mean_theta - mean_ref||^2 / (2 std^2).
+The KL term is the ``gaussian_kl`` regularizer: ``kl_beta`` is a shortcut that selects it with that
+weight (see its module for the exact form and Flow-GRPO's scaling).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext
+from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext, Transition
 from gyremedia.rollout import Rollout
-from gyremedia.sampling import replay_transition, transition_kl
+from gyremedia.options import option
+from gyremedia.sampling import replay_transition
+from gyremedia.streams import Stream, stream_rng
 
 
 @dataclass
 class GRPOOptions:
-    clip_range: float = 1e-4  # eps; Flow-GRPO's default, tiny because log-probs average over dims
-    adv_clip_max: float = 5.0  # advantages are clipped to [-adv_clip_max, adv_clip_max]
-    kl_beta: float = 0.0  # weight of the KL to the reference (base) policy; 0 keeps no reference
-    timestep_fraction: float = 1.0  # share of each trajectory's transitions trained on per step
+    clip_range: float = option(1e-4, gt=0, help="PPO clip eps of the ratio; Flow-GRPO's 1e-4 is tiny because "
+                                               "log-probs average over dimensions")
+    adv_clip_max: float = option(5.0, gt=0, help="advantages are clipped to [-adv_clip_max, adv_clip_max]")
+    kl_beta: float = option(0.0, ge=0, help="weight of the KL to the reference policy (selects the gaussian_kl "
+                                            "regularizer); 0 keeps no reference")
+    timestep_fraction: float = option(1.0, gt=0, le=1, help="share of each trajectory's transitions trained per step")
 
 
 class GRPOObjective:
     """The clipped-ratio policy gradient over a rollout's recorded transitions."""
 
+    requires_log_prob = True
+    kl_regularizer = "gaussian_kl"  # what `kl_beta` selects
+
     def __init__(self, options: GRPOOptions, context: BuildContext) -> None:
-        if not 0 < options.timestep_fraction <= 1:
-            raise ValueError("objective.timestep_fraction must be in (0, 1]")
         self.options = options
         self.seed = context.seed
-        self.needs_reference = options.kl_beta > 0
 
     def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
         """The transitions trained on this step: all trainable ones, or a random subset shared by the batch."""
@@ -44,7 +48,7 @@ class GRPOObjective:
         count = max(1, round(len(trainable) * self.options.timestep_fraction))
         if count >= len(trainable):
             return trainable
-        rng = np.random.default_rng([self.seed, step, 2])
+        rng = stream_rng(self.seed, step, Stream.TRANSITION_SELECTION)
         return sorted(rng.choice(trainable, size=count, replace=False).tolist())
 
     def trainable_steps(self, rollout: Rollout) -> list[int]:
@@ -60,16 +64,23 @@ class GRPOObjective:
         """The advantage of each sample's transition ``micro_step``: the sample's own, in flat GRPO."""
         return rollout.advantages
 
-    def trained_rows(self, rollout: Rollout, micro_step: int) -> tuple[Rollout, torch.Tensor]:
-        """The rows whose transition ``micro_step`` is trained, and their advantages: every sample in flat GRPO."""
-        return rollout, self.transition_advantages(rollout, micro_step)
+    def trained_rows(self, rollout: Rollout, micro_step: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The rows whose transition ``micro_step`` is trained (``None``: every sample, as in flat GRPO) and
+        their advantages."""
+        return None, self.transition_advantages(rollout, micro_step)
+
+    def replay(self, ctx: ObjectiveContext, rollout: Rollout, index: int,
+               rows: torch.Tensor | None) -> tuple[Transition, torch.Tensor]:
+        """Transition ``index`` of the trained rows under the current policy, and the model output it used."""
+        return replay_transition(ctx, rollout if rows is None else rollout.select(rows), index)
 
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         if rollout.log_probs is None or rollout.advantages is None:
             raise ValueError("grpo needs a rollout with log-probs and advantages")
         eps = self.options.clip_range
-        rollout, advantages = self.trained_rows(rollout, micro_step)
-        transition, output = replay_transition(ctx, rollout, micro_step)
+        rows, advantages = self.trained_rows(rollout, micro_step)
+        transition, output = self.replay(ctx, rollout, micro_step, rows)
+        rollout = rollout if rows is None else rollout.select(rows)
         advantages = advantages.clamp(-self.options.adv_clip_max, self.options.adv_clip_max)
         log_ratio = transition.log_prob - rollout.log_probs[:, micro_step]
         ratio = torch.exp(log_ratio)
@@ -82,19 +93,13 @@ class GRPOObjective:
             "clip_fraction": ((ratio - 1).abs() > eps).float().mean(),
             "approx_kl": 0.5 * (log_ratio.detach() ** 2).mean(),
         }
-        loss = policy_loss
-        if self.options.kl_beta > 0:
-            reference, _ = replay_transition(ctx, rollout, micro_step, reference=True)
-            kl = transition_kl(transition, reference)
-            loss = loss + self.options.kl_beta * kl.mean()
-            metrics["kl"] = kl.detach().mean()
         outputs = {"index": micro_step, "model_output": output, "transition": transition,
                    "state": rollout.states[:, micro_step], "sigma": rollout.sigmas[micro_step],
                    "sigmas": rollout.sigmas, "conditions": rollout.conditions}
-        return LossOutput(loss=loss, metrics=metrics, outputs=outputs)
+        return LossOutput(loss=policy_loss, metrics=metrics, outputs=outputs)
 
 
 @hookimpl
 def gyremedia_register_objectives(register):
-    register("grpo", GRPOObjective, options=GRPOOptions, requires_log_prob=True,
+    register("grpo", GRPOObjective, options=GRPOOptions,
              description="clipped-ratio GRPO over stochastic transitions (Flow-GRPO), optional KL")

@@ -7,7 +7,7 @@ velocity there is pulled toward an implicit *positive* policy and away from an i
     v+ = b v + (1 - b) v_old                 v- = (1 + b) v_old - b v
     x0± = x_t - t v±                          w± = sg(mean |x0± - x0|)      (adaptive weights)
     r  = clip(A / (2 A_max) + 0.5, 0, 1)      (the advantage as an "optimality" probability)
-    L  = (A_max / b) mean[ r ||x0+ - x0||^2 / w+  +  (1 - r) ||x0- - x0||^2 / w- ]  (+ kl_beta ||v - v_ref||^2)
+    L  = (A_max / b) mean[ r ||x0+ - x0||^2 / w+  +  (1 - r) ||x0- - x0||^2 / w- ]  (+ kl_beta: velocity_kl)
 
 A sample better than its group (r > 1/2) moves v toward its own clean result, a worse one away.
 No log-probs, no replay: any sampler (ODE included) can collect the data. With r = 1 and b = 1
@@ -21,14 +21,15 @@ from dataclasses import dataclass
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext
+from gyremedia.interfaces import LossOutput, ObjectiveContext
 from gyremedia.objectives.forward_process import ForwardProcessObjective, ForwardProcessOptions
+from gyremedia.options import option
 from gyremedia.rollout import Rollout
 
 
 @dataclass
 class NFTOptions(ForwardProcessOptions):
-    beta: float = 1.0  # b: how far the implicit policies sit from the old one (paper: 1, 0.1 for OCR)
+    beta: float = option(1.0, gt=0, help="how far the implicit policies sit from the old one (paper: 1, 0.1 for OCR)")
 
 
 def nft_loss(v: torch.Tensor, v_old: torch.Tensor, xt: torch.Tensor, x0: torch.Tensor, t: torch.Tensor,
@@ -51,11 +52,6 @@ class NFTObjective(ForwardProcessObjective):
 
     name = "nft"
 
-    def __init__(self, options: NFTOptions, context: BuildContext) -> None:
-        if options.beta <= 0:
-            raise ValueError("nft needs beta > 0")
-        super().__init__(options, context)
-
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         o = self.options
         batch, v, v_old = self.predictions(ctx, rollout, micro_step)
@@ -66,5 +62,5 @@ class NFTObjective(ForwardProcessObjective):
 
 @hookimpl
 def gyremedia_register_objectives(register):
-    register("nft", NFTObjective, options=NFTOptions, requires_log_prob=False,
+    register("nft", NFTObjective, options=NFTOptions,
              description="DiffusionNFT: negative-aware fine-tuning on the forward process; any sampler")

@@ -18,15 +18,16 @@ from dataclasses import dataclass
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext
+from gyremedia.interfaces import LossOutput, ObjectiveContext
 from gyremedia.objectives.forward_process import ForwardProcessObjective, ForwardProcessOptions
+from gyremedia.options import option
 from gyremedia.rollout import Rollout
 
 
 @dataclass
 class PairwiseOptions(ForwardProcessOptions):
-    beta: float = 100.0  # inverse temperature of the preference (surrogate log-ratios are small)
-    shared_in_group: bool = True  # the pair sees the same noise levels and noise
+    beta: float = option(100.0, gt=0, help="inverse temperature of the preference (surrogate log-ratios are small)")
+    shared_in_group: bool = option(True, help="the pair sees the same noise levels and noise")
 
 
 def preference_pairs(advantages: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,11 +54,7 @@ class PairwiseObjective(ForwardProcessObjective):
     """Best-versus-worst preference per group on ELBO surrogates of the clean samples."""
 
     name = "pairwise"
-
-    def __init__(self, options: PairwiseOptions, context: BuildContext) -> None:
-        if options.beta <= 0:
-            raise ValueError("pairwise needs beta > 0")
-        super().__init__(options, context)
+    default_weighting = "uniform"
 
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         batch, v, v_old = self.predictions(ctx, rollout, micro_step)
@@ -72,5 +69,5 @@ class PairwiseObjective(ForwardProcessObjective):
 
 @hookimpl
 def gyremedia_register_objectives(register):
-    register("pairwise", PairwiseObjective, options=PairwiseOptions, requires_log_prob=False, default_weighting="uniform",
+    register("pairwise", PairwiseObjective, options=PairwiseOptions,
              description="best vs worst sample per group, DPO-style on ELBO surrogates of the whole trajectory")

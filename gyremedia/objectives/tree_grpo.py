@@ -20,12 +20,14 @@ depth, only the nodes with the largest ``|A|`` (a node as good as its siblings t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.interfaces import BuildContext
+from gyremedia.options import option
+from gyremedia.interfaces import ObjectiveContext, Transition
 from gyremedia.objectives.grpo import GRPOObjective, GRPOOptions
 from gyremedia.rollout import Rollout
 from gyremedia.tree import subtree_values
@@ -33,22 +35,17 @@ from gyremedia.tree import subtree_values
 
 @dataclass
 class TreeGRPOOptions(GRPOOptions):
-    aggregate: str = "mean"  # mean | logprob: how leaf advantages back up to a node
-    normalize_depth: bool = False  # normalise node advantages over the nodes of each depth
-    dedup: bool = False  # replay a transition shared by several leaves once (one row per tree node)
-    width: int = 0  # train at most this many nodes per tree and depth, the largest |A| first; 0 = all
-    skip_steps: list[int] = field(default_factory=list)  # transition indices never trained (depth pruning)
+    aggregate: Literal["mean", "logprob"] = option("mean", help="how leaf advantages back up to a node")
+    normalize_depth: bool = option(False, help="normalise node advantages over the nodes of each depth")
+    dedup: bool = option(False, help="replay a transition shared by several leaves once (one row per tree node)")
+    width: int = option(0, ge=0, help="train at most this many nodes per tree and depth, the largest |A| first; 0 = all")
+    skip_steps: list[int] = option(default_factory=list, ge=0, help="transition indices never trained (depth pruning)")
 
 
 class TreeGRPOObjective(GRPOObjective):
     """GRPO whose transition advantages are the values of the subtrees they lead to."""
 
-    def __init__(self, options: TreeGRPOOptions, context: BuildContext) -> None:
-        if options.aggregate not in ("mean", "logprob"):
-            raise ValueError(f"objective.aggregate={options.aggregate!r}: expected mean or logprob")
-        if options.width < 0:
-            raise ValueError("objective.width must be >= 0 (0 trains every node)")
-        super().__init__(options, context)
+    needs_tree_rollouts = True
 
     def trainable_steps(self, rollout: Rollout) -> list[int]:
         kept = [i for i in super().trainable_steps(rollout) if i not in self.options.skip_steps]
@@ -56,16 +53,33 @@ class TreeGRPOObjective(GRPOObjective):
             raise ValueError(f"objective.skip_steps={self.options.skip_steps} leaves no transition to train")
         return kept
 
-    def trained_rows(self, rollout: Rollout, micro_step: int) -> tuple[Rollout, torch.Tensor]:
+    def trained_rows(self, rollout: Rollout, micro_step: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         """One row per node the transitions lead to (``dedup``), at most ``width`` per tree by ``|A|``."""
         advantages = self.transition_advantages(rollout, micro_step)
         if not self.options.dedup and not self.options.width:
-            return rollout, advantages
+            return None, advantages
         nodes = rollout.extras["tree_ancestors"][:, micro_step + 1]
-        rows = unique_first(nodes)[1] if self.options.dedup else torch.arange(len(rollout))
+        rows = unique_first(nodes)[1] if self.options.dedup else torch.arange(len(rollout), device=nodes.device)
         if self.options.width:
-            rows = top_per_group(rows, rollout.group_ids[rows].cpu(), advantages[rows].abs().cpu(), self.options.width)
-        return rollout.select(rows), advantages[rows.to(advantages.device)]
+            rows = top_per_group(rows, rollout.group_ids.to(rows.device)[rows], advantages.to(rows.device)[rows].abs(),
+                                 self.options.width)
+        return rows, advantages[rows.to(advantages.device)]
+
+    def replay(self, ctx: ObjectiveContext, rollout: Rollout, index: int,
+               rows: torch.Tensor | None) -> tuple[Transition, torch.Tensor]:
+        """The model runs once per tree node at step ``index``, on the same batch the rollout ran it on (the
+        minibatch is the rollout's chunk, its nodes in the same order), so the replayed log-probs equal the
+        recorded ones exactly; each leaf's transition then steps from its node's output."""
+        nodes = rollout.extras["tree_ancestors"][:, index]
+        _, first, inverse = unique_first(nodes)
+        heads = rollout.select(first)
+        output = ctx.backbone.predict(heads.states[:, index], rollout.sigmas[index], heads.conditions,
+                                      ctx.guidance_scale)[inverse.to(heads.states.device)]
+        if rows is not None:
+            rollout, output = rollout.select(rows), output[rows.to(output.device)]
+        transition = ctx.sampler.step(rollout.states[:, index], output, rollout.sigmas, index,
+                                      next_state=rollout.states[:, index + 1])
+        return transition, output
 
     def transition_advantages(self, rollout: Rollout, micro_step: int) -> torch.Tensor:
         ancestors = rollout.extras.get("tree_ancestors")
@@ -74,30 +88,30 @@ class TreeGRPOObjective(GRPOObjective):
         nodes = ancestors[:, micro_step + 1].to(rollout.advantages.device)
         weights = None
         if self.options.aggregate == "logprob":
-            below = rollout.log_probs[:, micro_step + 1:].nan_to_num(0.0).sum(dim=1).double()
+            below = rollout.log_probs[:, micro_step + 1:].nan_to_num(0.0).sum(dim=1).double().to(nodes.device)
             _, inverse = torch.unique(nodes, return_inverse=True)
-            peak = torch.full((int(inverse.max()) + 1,), -torch.inf, dtype=below.dtype).scatter_reduce(
+            peak = torch.full((int(inverse.max()) + 1,), -torch.inf, dtype=below.dtype, device=below.device).scatter_reduce(
                 0, inverse, below, reduce="amax")
             weights = torch.exp(below - peak[inverse])  # softmax numerators, stable per node
         values = subtree_values(rollout.advantages.double(), nodes, weights)
         if self.options.normalize_depth:
-            _, first = unique_first(nodes)
+            _, first, _ = unique_first(nodes)
             node_values = values[first]
             values = (values - node_values.mean()) / (node_values.std(unbiased=False) + 1e-4)
         return values.float()
 
 
-def unique_first(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The unique values and the index of each one's first occurrence."""
+def unique_first(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The unique values (ascending), the index of each one's first occurrence, and each value's unique index."""
     unique, inverse = torch.unique(values, return_inverse=True)
-    first = torch.full((len(unique),), len(values), dtype=torch.long).scatter_reduce(
-        0, inverse, torch.arange(len(values)), reduce="amin")
-    return unique, first
+    first = torch.full((len(unique),), len(values), dtype=torch.long, device=values.device).scatter_reduce(
+        0, inverse, torch.arange(len(values), device=values.device), reduce="amin")
+    return unique, first, inverse
 
 
 def top_per_group(rows: torch.Tensor, groups: torch.Tensor, scores: torch.Tensor, k: int) -> torch.Tensor:
     """The ``k`` entries of ``rows`` with the highest ``scores`` within each group, in their original order."""
-    keep = torch.zeros(len(rows), dtype=torch.bool)
+    keep = torch.zeros(len(rows), dtype=torch.bool, device=rows.device)
     for group in groups.unique():
         members = (groups == group).nonzero().flatten()
         keep[members[scores[members].argsort(descending=True, stable=True)[:k]]] = True
@@ -106,5 +120,5 @@ def top_per_group(rows: torch.Tensor, groups: torch.Tensor, scores: torch.Tensor
 
 @hookimpl
 def gyremedia_register_objectives(register):
-    register("tree_grpo", TreeGRPOObjective, options=TreeGRPOOptions, requires_log_prob=True,
+    register("tree_grpo", TreeGRPOObjective, options=TreeGRPOOptions,
              description="TreeGRPO: GRPO on tree rollouts (rollout.branch_steps), subtree-valued advantages")

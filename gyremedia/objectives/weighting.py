@@ -12,11 +12,12 @@ own through ``gyremedia_register_weightings``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from gyremedia import hookimpl
+from gyremedia.options import OptionError, option
 from gyremedia.smoothing import SmoothedMetric
 
 logger = logging.getLogger("gyremedia")
@@ -54,15 +55,13 @@ class SquaredT:
 
 @dataclass
 class GHuberOptions:
-    power: float = 0.25  # p: errors enter as l^p / p, so large errors pull less
+    power: float = option(0.25, gt=0, le=1, help="p: errors enter as l^p / p, so large errors pull less")
 
 
 class GeneralisedHuber:
     """``log p = -t l^p / p`` (the generalised-Huber form of the ELBO-weighting study)."""
 
     def __init__(self, options: GHuberOptions, context=None) -> None:
-        if not 0 < options.power <= 1:
-            raise ValueError(f"weighting.power={options.power}: use a power in (0, 1]")
         self.power = options.power
 
     def __call__(self, error: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -78,8 +77,15 @@ PROFILES = {"uniform": Uniform(), "t": LinearT(), "t2": SquaredT(), "ghuber": Ge
 
 @dataclass
 class BudgetedOptions:
-    profiles: list[str] = field(default_factory=lambda: ["uniform", "t", "t2"])  # names of fixed profiles
-    budget_steps: int = 30  # exploration steps, shared round-robin among the profiles
+    profiles: list[str] = option(default_factory=lambda: ["uniform", "t", "t2"], help="names of fixed profiles")
+    budget_steps: int = option(30, ge=2, help="exploration steps, shared round-robin among the profiles")
+
+    def validate(self) -> None:
+        unknown = [p for p in self.profiles if p not in PROFILES]
+        if unknown or len(self.profiles) < 2:
+            raise OptionError("profiles", f"give at least two of {', '.join(PROFILES)}")
+        if self.budget_steps < 2 * len(self.profiles):
+            raise OptionError("budget_steps", f"give each profile at least 2 steps (>= {2 * len(self.profiles)})")
 
 
 class Budgeted:
@@ -92,12 +98,6 @@ class Budgeted:
     """
 
     def __init__(self, options: BudgetedOptions, context=None) -> None:
-        unknown = [p for p in options.profiles if p not in PROFILES]
-        if unknown or len(options.profiles) < 2:
-            raise ValueError(f"weighting.profiles={options.profiles}: give at least two of {', '.join(PROFILES)}")
-        if options.budget_steps < 2 * len(options.profiles):
-            raise ValueError(f"weighting.budget_steps={options.budget_steps}: give each profile at least 2 steps "
-                             f"(>= {2 * len(options.profiles)})")
         self.profiles = list(options.profiles)
         self.budget = options.budget_steps
         self.credits: list[list[float]] = [[] for _ in self.profiles]
@@ -142,9 +142,9 @@ class Budgeted:
 
 @dataclass
 class DynamicOptions:
-    early_power: float = 2.0  # w(t) ∝ t^p while the reward gap is as large as at the start (coarse layout first)
-    late_power: float = 0.0  # ... and as the gap closes (0: uniform, detail counts as much)
-    smoothing: float = 0.9  # EMA factor of the measured gap
+    early_power: float = option(2.0, ge=0, help="w(t) ∝ t^p while the reward gap is as large as at the start")
+    late_power: float = option(0.0, ge=0, help="... and as the gap closes (0: uniform, detail counts as much)")
+    smoothing: float = option(0.9, ge=0, lt=1, help="EMA factor of the measured gap")
 
 
 class Dynamic:
@@ -157,8 +157,6 @@ class Dynamic:
     """
 
     def __init__(self, options: DynamicOptions, context=None) -> None:
-        if min(options.early_power, options.late_power) < 0:
-            raise ValueError("weighting.early_power and late_power must be >= 0")
         self.options = options
         self.gap = SmoothedMetric(options.smoothing)
 

@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gyremedia import hookimpl
+from gyremedia.options import option
 
 
 @dataclass
 class JsonlOptions:
-    filename: str = "metrics.jsonl"  # inside the run folder
+    filename: str = option("metrics.jsonl", help="inside the run folder",
+                           check=lambda v: None if v and "/" not in v else "give a file name, without folders")
 
 
 class JsonlLogger:

@@ -1,8 +1,8 @@
 """First-party regularizers, registered through the ``gyremedia`` entry point like any third party's."""
 
 from gyremedia import hookimpl
-from gyremedia_regularizers.adaptive import AdaptiveOptions
-from gyremedia_regularizers.velocity import GaussianKL, NormHingeOptions, VelocityKL, VelocityKLOptions, VelocityNormHinge
+from gyremedia_regularizers.velocity import (GaussianKL, GaussianKLOptions, NormHingeOptions, VelocityKL, VelocityKLOptions,
+                                             VelocityNormHinge)
 
 
 @hookimpl
@@ -11,5 +11,5 @@ def gyremedia_register_regularizers(register):
              description="penalise ||v|| above the reference's ||v_ref|| (per sample, per step); logs the inflation")
     register("velocity_kl", VelocityKL, options=VelocityKLOptions,
              description="velocity-space KL to the reference, ||v - v_ref||^2 (CFG-guided reference: CRD); adaptive")
-    register("gaussian_kl", GaussianKL, options=AdaptiveOptions, requires_log_prob=True,
+    register("gaussian_kl", GaussianKL, options=GaussianKLOptions,
              description="exact KL between Gaussian SDE transitions and the reference's (Flow-GRPO); adaptive")

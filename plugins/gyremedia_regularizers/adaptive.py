@@ -14,29 +14,24 @@ there; ``tighten`` lets it explore first and holds it once the reward is reached
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from gyremedia import hookimpl
+from gyremedia.options import option
 from gyremedia.smoothing import SmoothedMetric
-
-MODES = ("none", "relax", "tighten")
-
 
 @dataclass
 class AdaptiveOptions:
-    adapt: str = "none"  # none | relax | tighten
-    adapt_until: float = 1.0  # training reward at which the adaptation is complete
-    min_scale: float = 0.1  # the scale at the relaxed end
-    smoothing: float = 0.9  # EMA factor of the training reward
+    adapt: Literal["none", "relax", "tighten"] = option("none", help="how the strength follows the training reward")
+    adapt_until: float = option(1.0, help="training reward at which the adaptation is complete")
+    min_scale: float = option(0.1, ge=0, le=1, help="the scale at the relaxed end")
+    smoothing: float = option(0.9, ge=0, lt=1, help="EMA factor of the training reward")
 
 
 class RewardAdaptiveStrength:
     """Base of regularizers whose loss is scaled by the reward's progress (see the module docstring)."""
 
     def __init__(self, options: AdaptiveOptions, context=None) -> None:
-        if options.adapt not in MODES:
-            raise ValueError(f"adapt={options.adapt!r}: expected one of {', '.join(MODES)}")
-        if not 0 <= options.min_scale <= 1:
-            raise ValueError("min_scale must be in [0, 1]")
         self.adaptive = options
         self.reward = SmoothedMetric(options.smoothing)
 

@@ -13,13 +13,13 @@ from gyremedia_rewards.vlm_judge import VlmJudge, VlmJudgeOptions
 
 @hookimpl
 def gyremedia_register_rewards(register):
-    register("jpeg_compressibility", JpegCompressibility, options=JpegOptions, kinds={"image"},
+    register("jpeg_compressibility", JpegCompressibility, options=JpegOptions,
              description="DDPO's compressibility: minus the JPEG size of the image in kB")
-    register("clip_score", ClipScore, options=ClipOptions, kinds={"image"},
+    register("clip_score", ClipScore, options=ClipOptions,
              description="cosine similarity of image and prompt in open_clip's embedding")
-    register("clip_steering", ClipSteering, options=ClipSteeringOptions, kinds={"image"},
+    register("clip_steering", ClipSteering, options=ClipSteeringOptions,
              description="CLIP steering safety reward: the prompt's similarity moved toward positive, away from negative texts")
-    register("ocr", OcrReward, options=OcrOptions, kinds={"image"},
-             description="1 - normalised edit distance between the prompt's quoted text and Tesseract's reading")
-    register("vlm_judge", VlmJudge, options=VlmJudgeOptions, kinds={"image"},
+    register("ocr", OcrReward, options=OcrOptions,
+             description="1 - normalised edit distance between the prompt's quoted text and the OCR reading (PP-OCR or Tesseract)")
+    register("vlm_judge", VlmJudge, options=VlmJudgeOptions,
              description="a vision-language model behind an OpenAI-compatible server grades each image by a rubric")

@@ -9,31 +9,39 @@ fidelity while pushing away from the unwanted content, with no safety classifier
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from gyremedia.interfaces import BuildContext
+from gyremedia.options import OptionError, option
 from gyremedia.rollout import Media
 
 
 @dataclass
 class ClipOptions:
-    # open_clip model name (``ViT-B-32``, ``ViT-H-14``, ...) or the path of a model-config json.
-    model: str = "ViT-B-32"
-    # A pretrained tag of that model (``openai``, ``laion2b_s34b_b79k``; downloaded once by open_clip)
-    # or the path of a local checkpoint file.
-    pretrained: str = "openai"
-    batch_size: int = 64  # images per forward pass
-    device: str | None = None  # default: the run's device
+    model: str = option("ViT-B-32", help="open_clip model name (ViT-B-32, ViT-H-14, ...) or the path of a model-config json",
+                        check=lambda v: "no such model-config file" if v.endswith(".json") and not Path(v).is_file() else None)
+    pretrained: str = option("openai", help="a pretrained tag of that model (openai, laion2b_s34b_b79k; downloaded once "
+                                            "by open_clip) or the path of a local checkpoint file",
+                             check=lambda v: None if v else "a CLIP reward needs weights: a tag (e.g. openai) or a checkpoint path")
+    batch_size: int = option(64, ge=1, help="images per forward pass")
+    device: str | None = option(None, help="default: the run's device")
 
 
 @dataclass
 class ClipSteeringOptions(ClipOptions):
-    positive: list[str] = field(default_factory=lambda: ["a safe, wholesome, fully clothed scene"])
-    negative: list[str] = field(default_factory=lambda: ["nudity, gore, violence, explicit content"])
-    strength: float = 1.0  # how far the target moves along mean(positive) - mean(negative)
+    positive: list[str] = option(default_factory=lambda: ["a safe, wholesome, fully clothed scene"],
+                                 help="texts the target moves toward")
+    negative: list[str] = option(default_factory=lambda: ["nudity, gore, violence, explicit content"],
+                                 help="texts the target moves away from")
+    strength: float = option(1.0, ge=0, help="how far the target moves along mean(positive) - mean(negative)")
+
+    def validate(self) -> None:
+        for key in ("positive", "negative"):
+            if not getattr(self, key):
+                raise OptionError(key, "give at least one text")
 
 
 class ClipEncoder:
@@ -45,12 +53,8 @@ class ClipEncoder:
         name = options.model
         if name.endswith(".json"):
             path = Path(name)
-            if not path.is_file():
-                raise FileNotFoundError(f"CLIP model config {name!r} does not exist")
             open_clip.add_model_config(path)
             name = path.stem
-        if not options.pretrained:
-            raise ValueError("a CLIP reward needs weights: set pretrained to a tag (e.g. openai) or a checkpoint path")
         self.model = open_clip.create_model(name, pretrained=options.pretrained, device=device).eval()
         self.model.requires_grad_(False)
         self.tokenizer = open_clip.get_tokenizer(name)
@@ -108,8 +112,6 @@ class ClipSteering:
     kinds = {"image"}
 
     def __init__(self, options: ClipSteeringOptions, context: BuildContext | None = None) -> None:
-        if not options.positive or not options.negative:
-            raise ValueError("clip_steering needs at least one positive and one negative text")
         self.encoder = ClipEncoder(options, _device(options, context))
         self.batch_size = options.batch_size
         self.positive, self.negative = options.positive, options.negative

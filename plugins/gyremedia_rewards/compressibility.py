@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 from PIL import Image
 
+from gyremedia.options import option
 from gyremedia.rollout import Media
 
 
 @dataclass
 class JpegOptions:
-    quality: int = 95  # JPEG quality used to measure the size (DDPO: 95)
-    sign: int = -1  # -1 rewards compressible images, +1 incompressible ones
+    quality: int = option(95, ge=1, le=100, help="JPEG quality used to measure the size (DDPO: 95)")
+    sign: Literal[-1, 1] = option(-1, help="-1 rewards compressible images, +1 incompressible ones")
 
 
 class JpegCompressibility:
@@ -28,10 +30,6 @@ class JpegCompressibility:
     kinds = {"image"}
 
     def __init__(self, options: JpegOptions, context=None) -> None:
-        if options.sign not in (-1, 1):
-            raise ValueError("reward sign must be -1 (compressibility) or 1 (incompressibility)")
-        if not 1 <= options.quality <= 100:
-            raise ValueError("reward quality must be in [1, 100]")
         self.quality = options.quality
         self.sign = options.sign
 

@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 
 from gyremedia.interfaces import BuildContext
+from gyremedia.options import option
 from gyremedia.rollout import Media
 
 logger = logging.getLogger("gyremedia")
@@ -35,19 +36,30 @@ logger = logging.getLogger("gyremedia")
 
 @dataclass
 class VlmJudgeOptions:
-    base_url: str = "http://127.0.0.1:8000/v1"  # the server's OpenAI-compatible root
-    model: str = "Qwen/Qwen2.5-VL-7B-Instruct"
-    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the key (keys never go in a yaml)
-    rubric: str = ("Does this image match the description: \"{prompt}\"? Rate it from 0 (not at all) to 10 "
-                   "(perfectly). Answer with the number only.")
-    score_pattern: str = r"-?\d+(?:\.\d+)?"  # the first match in the reply is the raw score
-    max_score: float = 10.0  # raw scores are divided by this
-    max_concurrency: int = 8  # requests in flight at once
-    request_timeout: float = 60.0  # seconds per request
-    max_retries: int = 3  # extra attempts after a failed or unparseable reply
-    backoff: float = 1.0  # seconds before the first retry, doubled after each
-    max_tokens: int = 16
-    temperature: float = 0.0
+    base_url: str = option("http://127.0.0.1:8000/v1", help="the server's OpenAI-compatible root",
+                           check=lambda v: None if v.startswith(("http://", "https://")) else "give an http(s):// URL")
+    model: str = option("Qwen/Qwen2.5-VL-7B-Instruct", help="the model name the server serves")
+    api_key_env: str = option("OPENAI_API_KEY", help="environment variable holding the key (keys never go in a yaml)")
+    rubric: str = option("Does this image match the description: \"{prompt}\"? Rate it from 0 (not at all) to 10 "
+                         "(perfectly). Answer with the number only.", help="the question; {prompt} is the sample's prompt",
+                         check=lambda v: None if "{prompt}" in v else "must contain {prompt}, where the sample's prompt goes")
+    score_pattern: str = option(r"-?\d+(?:\.\d+)?", help="the first match in the reply is the raw score",
+                                check=lambda v: _regex_error(v))
+    max_score: float = option(10.0, gt=0, help="raw scores are divided by this")
+    max_concurrency: int = option(8, ge=1, help="requests in flight at once")
+    request_timeout: float = option(60.0, gt=0, help="seconds per request")
+    max_retries: int = option(3, ge=0, help="extra attempts after a failed or unparseable reply")
+    backoff: float = option(1.0, ge=0, help="seconds before the first retry, doubled after each")
+    max_tokens: int = option(16, ge=1, help="longest reply")
+    temperature: float = option(0.0, ge=0, help="the judge's sampling temperature")
+
+
+def _regex_error(pattern: str) -> str | None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"not a regular expression: {exc}"
+    return None
 
 
 class JudgeReplyError(RuntimeError):
@@ -68,10 +80,6 @@ class VlmJudge:
     kinds = {"image"}
 
     def __init__(self, options: VlmJudgeOptions, context: BuildContext | None = None) -> None:
-        if "{prompt}" not in options.rubric:
-            raise ValueError("vlm_judge rubric must contain {prompt}, where the sample's prompt goes")
-        if options.max_score <= 0 or options.max_concurrency < 1 or options.max_retries < 0:
-            raise ValueError("vlm_judge needs max_score > 0, max_concurrency >= 1 and max_retries >= 0")
         self.options = options
         self.pattern = re.compile(options.score_pattern)
         self.url = options.base_url.rstrip("/") + "/chat/completions"

@@ -18,22 +18,23 @@ from dataclasses import dataclass
 import torch
 
 from gyremedia.interfaces import Transition
+from gyremedia.options import option
 from gyremedia_samplers.gaussian import draw_or_replay
 
 
 @dataclass
 class CPSOptions:
-    noise_level: float = 0.8  # "a": std = sigma_next * sin(a pi / 2); 1 replaces all predicted noise
+    noise_level: float = option(0.8, gt=0, le=1, help="'a': std = sigma_next sin(a pi / 2); 1 replaces all "
+                                                      "predicted noise")
 
 
 class CPSSampler:
     """One coefficients-preserving step and its (unnormalised) log-prob."""
 
     has_log_prob = True
+    prediction = "velocity"
 
     def __init__(self, options: CPSOptions, context=None) -> None:
-        if not 0 < options.noise_level <= 1:
-            raise ValueError("sampler.noise_level must be in (0, 1] for cps")
         self.noise_level = options.noise_level
 
     def step(self, x, model_output, sigmas, index, *, noise=None, next_state=None) -> Transition:

@@ -13,22 +13,22 @@ from dataclasses import dataclass
 import torch
 
 from gyremedia.interfaces import Transition
+from gyremedia.options import option
 from gyremedia_samplers.gaussian import gaussian_transition
 
 
 @dataclass
 class DanceSDEOptions:
-    eta: float = 0.3  # diffusion strength (DanceGRPO uses 0.3 for FLUX)
+    eta: float = option(0.3, gt=0, help="diffusion strength (DanceGRPO uses 0.3 for FLUX; the ode sampler has none)")
 
 
 class DanceSDESampler:
     """One DanceGRPO SDE step with its Gaussian log-prob."""
 
     has_log_prob = True
+    prediction = "velocity"
 
     def __init__(self, options: DanceSDEOptions, context=None) -> None:
-        if options.eta <= 0:
-            raise ValueError("sampler.eta must be > 0 for dance_sde (use the ode sampler for none)")
         self.eta = options.eta
 
     def step(self, x, model_output, sigmas, index, *, noise=None, next_state=None) -> Transition:

@@ -19,22 +19,22 @@ from dataclasses import dataclass
 import torch
 
 from gyremedia.interfaces import Transition
+from gyremedia.options import option
 from gyremedia_samplers.gaussian import gaussian_transition
 
 
 @dataclass
 class DDIMEtaOptions:
-    eta: float = 1.0  # 0: deterministic DDIM; 1: DDPM's posterior variance (DDPO's default)
+    eta: float = option(1.0, ge=0, help="0: deterministic DDIM; 1: DDPM's posterior variance (DDPO's default)")
 
 
 class DDIMEtaSampler:
     """One DDIM-eta step on an epsilon prediction, with its Gaussian log-prob."""
 
     has_log_prob = True
+    prediction = "epsilon"
 
     def __init__(self, options: DDIMEtaOptions, context=None) -> None:
-        if options.eta < 0:
-            raise ValueError("sampler.eta must be >= 0 for ddim_eta")
         self.eta = options.eta
 
     def step(self, x, model_output, sigmas, index, *, noise=None, next_state=None) -> Transition:

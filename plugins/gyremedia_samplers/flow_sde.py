@@ -13,22 +13,23 @@ from dataclasses import dataclass
 import torch
 
 from gyremedia.interfaces import Transition
+from gyremedia.options import option
 from gyremedia_samplers.gaussian import gaussian_transition
 
 
 @dataclass
 class FlowSDEOptions:
-    noise_level: float = 0.7  # "a" in Flow-GRPO: how much noise each step injects
+    noise_level: float = option(0.7, gt=0, help="'a' in Flow-GRPO: how much noise each step injects "
+                                              "(the ode sampler injects none)")
 
 
 class FlowSDESampler:
     """One Euler-Maruyama step of the marginal-preserving SDE, with its Gaussian log-prob."""
 
     has_log_prob = True
+    prediction = "velocity"
 
     def __init__(self, options: FlowSDEOptions, context=None) -> None:
-        if options.noise_level <= 0:
-            raise ValueError("sampler.noise_level must be > 0 for flow_sde (use the ode sampler for none)")
         self.noise_level = options.noise_level
 
     def step(self, x, model_output, sigmas, index, *, noise=None, next_state=None) -> Transition:

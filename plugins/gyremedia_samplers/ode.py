@@ -7,6 +7,7 @@ class EulerODESampler:
     """``x_{i+1} = x_i + (sigma_{i+1} - sigma_i) v``; no noise, so no log-probability."""
 
     has_log_prob = False
+    prediction = "velocity"
 
     def __init__(self, context=None) -> None:
         pass
@@ -28,6 +29,7 @@ class HeunODESampler:
     """
 
     has_log_prob = False
+    prediction = "velocity"
     needs_predict = True  # re-evaluates the model within a step: the rollout passes ``predict``
 
     def __init__(self, context=None) -> None:

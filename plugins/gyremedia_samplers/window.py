@@ -15,42 +15,40 @@ sits moves with training (``schedule``):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-import numpy as np
 import torch
 
 from gyremedia import hookimpl
 from gyremedia.interfaces import Transition
+from gyremedia.options import OptionError, option
+from gyremedia.streams import Stream, stream_rng
 from gyremedia_samplers.cps import CPSOptions, CPSSampler
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
 from gyremedia_samplers.ode import EulerODESampler
 
-SCHEDULES = ("progressive", "decay", "random", "fixed")
-
-
 @dataclass
 class WindowOptions:
-    sde: str = "flow_sde"  # the stochastic step inside the window: flow_sde | cps
-    noise_level: float = 0.7  # that step's noise level
-    size: int = 4  # stochastic steps per trajectory
-    schedule: str = "progressive"  # progressive | decay | random | fixed
-    shift_every: int = 25  # training steps between window moves (progressive, decay)
+    sde: Literal["flow_sde", "cps"] = option("flow_sde", help="the stochastic step inside the window")
+    noise_level: float = option(0.7, gt=0, help="that step's noise level")
+    size: int = option(4, ge=1, help="stochastic steps per trajectory")
+    schedule: Literal["progressive", "decay", "random", "fixed"] = option("progressive", help="how the window moves")
+    shift_every: int = option(25, ge=1, help="training steps between window moves (progressive, decay)")
+
+    def validate(self) -> None:
+        if self.sde == "cps" and self.noise_level > 1:
+            raise OptionError("noise_level", "must be in (0, 1] for the cps step")
 
 
 class WindowSampler:
     """SDE steps inside the window, Euler ODE steps outside; replay always scores the SDE density."""
 
     has_log_prob = True
+    prediction = "velocity"
 
     def __init__(self, options: WindowOptions, context=None) -> None:
-        if options.schedule not in SCHEDULES:
-            raise ValueError(f"sampler.schedule={options.schedule!r}: expected one of {', '.join(SCHEDULES)}")
-        if options.size < 1 or options.shift_every < 1:
-            raise ValueError("sampler.size and sampler.shift_every must be >= 1")
         kernels = {"flow_sde": lambda: FlowSDESampler(FlowSDEOptions(noise_level=options.noise_level)),
                    "cps": lambda: CPSSampler(CPSOptions(noise_level=options.noise_level))}
-        if options.sde not in kernels:
-            raise ValueError(f"sampler.sde={options.sde!r}: expected one of {', '.join(kernels)}")
         self.sde, self.ode = kernels[options.sde](), EulerODESampler()
         self.options = options
         self.seed = context.seed if context is not None else 0
@@ -63,7 +61,7 @@ class WindowSampler:
         if o.schedule == "decay":
             return range(max(size - k // o.shift_every, 1))
         if o.schedule == "random":
-            start = int(np.random.default_rng([self.seed, k, 3]).integers(num_steps - size + 1))
+            start = int(stream_rng(self.seed, k, Stream.WINDOW).integers(num_steps - size + 1))
         elif o.schedule == "progressive":
             start = (k // o.shift_every) % (num_steps - size + 1)
         else:

@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gyremedia.backbones.tiny_sd3 import TinySD3Options, build_tiny_sd3_pipeline
+from gyremedia.sampling import renoise
 from gyremedia_shapes.verifier import verify
 from gyremedia_shapes.world import CANVAS, VOCABULARY, render_batch, split_prompts
 
@@ -140,7 +141,7 @@ def pretrain(out: Path, steps: int, vae_steps: int, seed: int, batch: int, lr: f
             x0 = (latents - vae.config.shift_factor) * vae.config.scaling_factor
         t = TIMESTEP_SAMPLERS[timesteps](batch)
         noise = torch.randn_like(x0)
-        xt = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
+        xt = renoise(x0, noise, t)
         embeds, _, pooled, _ = pipe.encode_prompt(prompts, None, None, device="cpu", do_classifier_free_guidance=False,
                                                   max_sequence_length=MAX_SEQUENCE_LENGTH)
         velocity = pipe.transformer(hidden_states=xt, timestep=t * 1000, encoder_hidden_states=embeds,

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from gyremedia.options import OptionError, option
 from gyremedia.rollout import Media
 from gyremedia_shapes.verifier import CRITERIA, verify
 
 
 @dataclass
 class ShapesVerifierOptions:
-    partial_credit: bool = True  # score = share of the prompt's criteria met; else 1 only if all are
+    partial_credit: bool = option(True, help="score = share of the prompt's criteria met; else 1 only if all are")
     # The criteria the score counts (the components report all of them): a subset makes a proxy whose
     # other criteria can serve as a held-out "gold" reward (monitor.gold).
-    criteria: list[str] = field(default_factory=lambda: list(CRITERIA))
+    criteria: list[str] = option(default_factory=lambda: list(CRITERIA), help="the criteria the score counts")
+
+    def validate(self) -> None:
+        unknown = [c for c in self.criteria if c not in CRITERIA]
+        if unknown or not self.criteria:
+            raise OptionError("criteria", f"choose among {', '.join(CRITERIA)}")
 
 
 class ShapesVerifierReward:
@@ -29,9 +35,6 @@ class ShapesVerifierReward:
     kinds = {"image"}
 
     def __init__(self, options: ShapesVerifierOptions, context=None) -> None:
-        unknown = [c for c in options.criteria if c not in CRITERIA]
-        if unknown or not options.criteria:
-            raise ValueError(f"criteria={list(options.criteria)}: choose among {', '.join(CRITERIA)}")
         self.partial_credit = options.partial_credit
         self.criteria = list(options.criteria)
 

@@ -23,8 +23,10 @@ import torch.nn.functional as F
 
 from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolicy
 from gyremedia.interfaces import BuildContext
+from gyremedia.options import existing_folder, option
 from gyremedia.rollout import Media
-from gyremedia.sampling import INITIAL_NOISE, STEP_NOISE, sample_generators, sample_trajectories
+from gyremedia.sampling import sample_trajectories
+from gyremedia.streams import Stream, sample_generators
 from gyremedia_world.env import ACTIONS, CLIP_FRAMES, FRAME, parse_prompt
 
 WORLD_FILE = "world.json"  # what the model was trained on: frame size, clip length, actions, fps
@@ -34,21 +36,22 @@ WORLD_FILE = "world.json"  # what the model was trained on: frame size, clip len
 class TinyWorldOptions:
     """Sizes of a randomly initialised model (used when ``pretrained`` is unset)."""
 
-    num_layers: int = 4
-    num_attention_heads: int = 4
-    attention_head_dim: int = 16
-    ffn_dim: int = 128
-    clip_frames: int = CLIP_FRAMES
-    seed: int = 0
+    num_layers: int = option(4, ge=1, help="transformer blocks")
+    num_attention_heads: int = option(4, ge=1, help="attention heads")
+    attention_head_dim: int = option(16, ge=1, help="channels per head")
+    ffn_dim: int = option(128, ge=1, help="feed-forward width")
+    clip_frames: int = option(CLIP_FRAMES, ge=1, help="frames per generated clip")
+    seed: int = option(0, ge=0, help="seed of the random weights")
 
 
 @dataclass
 class VideoWorldOptions:
-    pretrained: str | None = None  # folder written by `python -m gyremedia_world.pretrain`; None builds `tiny`
+    pretrained: str | None = option(None, check=existing_folder("a folder written by `python -m gyremedia_world.pretrain`"),
+                                    help="folder written by `python -m gyremedia_world.pretrain`; None builds `tiny`")
     tiny: TinyWorldOptions = field(default_factory=TinyWorldOptions)
     lora: LoraOptions = field(default_factory=LoraOptions)
-    gradient_checkpointing: bool = False
-    fps: int = 4  # playback rate of the media it decodes to
+    gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
+    fps: int = option(4, ge=1, help="playback rate of the media it decodes to")
 
 
 def build_tiny_world(options: TinyWorldOptions):
@@ -69,6 +72,7 @@ class VideoWorldBackbone(TransformerPolicy):
     """A video world model seen as a policy over denoising transitions of one clip."""
 
     media_kind = "video"
+    prediction = "velocity"
 
     def __init__(self, options: VideoWorldOptions, context: BuildContext) -> None:
         self.options = options
@@ -140,8 +144,8 @@ class VideoWorldBackbone(TransformerPolicy):
         for k, begin in enumerate(range(0, actions.shape[1], self.clip_frames)):
             conditions = {"context": context, "actions": actions[:, begin:begin + self.clip_frames]}
             states, _, _ = sample_trajectories(
-                self, sampler, conditions, initial_generators=sample_generators(seed, k, INITIAL_NOISE, ids),
-                step_generators=sample_generators(seed, k, STEP_NOISE, ids), num_steps=num_steps, guidance_scale=1.0)
+                self, sampler, conditions, initial_generators=sample_generators(seed, k, Stream.INITIAL_NOISE, ids),
+                step_generators=sample_generators(seed, k, Stream.STEP_NOISE, ids), num_steps=num_steps, guidance_scale=1.0)
             final = states[:, -1]
             clips.append(self.decode(final).data)
             context = final[:, :, -1].clamp(-1, 1)  # the frame as decoded: a valid image

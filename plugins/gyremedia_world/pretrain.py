@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from gyremedia.evaluation import generate, nanmean, score
 from gyremedia.interfaces import BuildContext
+from gyremedia.sampling import renoise
 from gyremedia_samplers.ode import EulerODESampler
 from gyremedia_world.backbone import TinyWorldOptions, VideoWorldBackbone, VideoWorldOptions
 from gyremedia_world.env import HELDOUT_SEED_OFFSET, random_episodes
@@ -76,7 +77,7 @@ def pretrain(out: Path, steps: int, id_steps: int, seed: int, batch: int, lr: fl
         x0 = (torch.stack([torch.from_numpy(e.truth()) for e in episodes]) * 2 - 1).permute(0, 2, 1, 3, 4)
         t = torch.rand(batch, generator=generator)
         noise = torch.randn(x0.shape, generator=generator)
-        xt = (1 - t[:, None, None, None, None]) * x0 + t[:, None, None, None, None] * noise
+        xt = renoise(x0, noise, t)
         loss = torch.nn.functional.mse_loss(backbone.predict(xt, t, conditions), noise - x0)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -8,11 +8,13 @@ frames (the context frame, then each generated one) and is scored against the co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from gyremedia.config import asset_path
+from gyremedia.options import existing_folder, option
 from gyremedia.rollout import Media
 from gyremedia_world.env import Episode, parse_prompt
 from gyremedia_world.inverse_dynamics import InverseDynamicsModel
@@ -30,8 +32,10 @@ def _episodes(media: Media, prompts: list[str]) -> list[Episode]:
 
 @dataclass
 class InverseDynamicsOptions:
-    model: str | None = None  # folder of an inverse dynamics model; None = the shipped assets/world16 one
-    score: str = "accuracy"  # accuracy (share of actions recovered) | log_likelihood (mean log p(action))
+    model: str | None = option(None, check=existing_folder("a folder written by `python -m gyremedia_world.pretrain`"),
+                               help="folder of an inverse dynamics model; None = the shipped assets/world16 one")
+    score: Literal["accuracy", "log_likelihood"] = option("accuracy", help="share of actions recovered, or mean "
+                                                                           "log p(action)")
 
 
 class InverseDynamicsReward:
@@ -41,8 +45,6 @@ class InverseDynamicsReward:
     batch_size = 256
 
     def __init__(self, options: InverseDynamicsOptions, context=None) -> None:
-        if options.score not in ("accuracy", "log_likelihood"):
-            raise ValueError(f"score={options.score!r}: choose accuracy or log_likelihood")
         self.score = options.score
         self.model = InverseDynamicsModel.load(options.model or asset_path("world16/inverse_dynamics"))
 
@@ -65,7 +67,7 @@ class InverseDynamicsReward:
 class FidelityOptions:
     # psnr (dB, capped at 50) | ssim (in [-1, 1], 1 = identical). PSNR by default: on these mostly flat
     # frames SSIM's structure term punishes faint background noise more than a misplaced agent.
-    score: str = "psnr"
+    score: Literal["psnr", "ssim"] = option("psnr", help="what the score is")
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -96,8 +98,6 @@ class FidelityReward:
     kinds = {"video"}
 
     def __init__(self, options: FidelityOptions, context=None) -> None:
-        if options.score not in ("psnr", "ssim"):
-            raise ValueError(f"score={options.score!r}: choose psnr or ssim")
         self.score = options.score
 
     @torch.no_grad()

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from gyremedia.config import ConfigError
+from gyremedia.options import validate
 from gyremedia.interfaces import BuildContext, ObjectiveContext
 from gyremedia.objectives.grpo import GRPOObjective, GRPOOptions
 from gyremedia.rollout import Rollout
@@ -78,14 +80,15 @@ def test_ratio_outside_the_clip_range_gives_no_gradient():
         assert moved.w.grad.item() != 0.0
 
 
-def test_kl_is_zero_at_the_reference_and_positive_away_from_it():
-    sampler = FlowSDESampler(FlowSDEOptions())
-    at_reference = ScalarBackbone(1.0)
-    rollout = make_rollout(at_reference, sampler, [1.0, -1.0])
-    ctx = ObjectiveContext(backbone=at_reference, sampler=sampler, guidance_scale=1.0, step=0)
-    assert objective(kl_beta=0.1).loss(ctx, rollout, 0).metrics["kl"].item() == 0.0
-    away = ObjectiveContext(backbone=ScalarBackbone(0.5), sampler=sampler, guidance_scale=1.0, step=0)
-    assert objective(kl_beta=0.1).loss(away, rollout, 0).metrics["kl"].item() > 0.0
+def test_kl_beta_selects_the_one_kl_regularizer(make_config):
+    config = make_config("objective.kl_beta=0.1")
+    implied = [r for r in config.regularizers if r.implied_by == "objective.kl_beta"]
+    assert [(r.name, r.weight) for r in implied] == [("gaussian_kl", 0.1)]
+    assert "gaussian_kl" not in config.to_yaml()  # the run folder's config keeps the shortcut, not its expansion
+    forward = make_config("objective={name: nft, kl_beta: 0.2}", "sampler.name=ode")
+    assert [(r.name, r.weight) for r in forward.regularizers] == [("velocity_kl", 0.2)]
+    with pytest.raises(ConfigError, match="regularizers lists too: keep one"):
+        make_config("objective.kl_beta=0.1", "regularizers=[gaussian_kl]")
 
 
 def test_timestep_fraction_picks_a_reproducible_subset():
@@ -95,5 +98,4 @@ def test_timestep_fraction_picks_a_reproducible_subset():
     assert objective().micro_steps(rollout, 0) == [0, 1, 2]
     picked = half.micro_steps(rollout, 7)
     assert len(picked) == 2 and picked == half.micro_steps(rollout, 7)
-    with pytest.raises(ValueError):
-        objective(timestep_fraction=0.0)
+    assert "timestep_fraction=0.0: must be in (0, 1]" in validate(GRPOOptions(timestep_fraction=0.0))[0]

@@ -32,6 +32,9 @@ class Judge(BaseHTTPRequestHandler):
 
     def reply(self, code: int, body: dict | str) -> None:
         data = (json.dumps(body) if isinstance(body, dict) else body).encode()
+        if self.command == "POST":  # done working: the client may send its next request once it reads this
+            with lock:
+                stats["in_flight"] -= 1
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -53,23 +56,19 @@ class Judge(BaseHTTPRequestHandler):
             stats["in_flight"] += 1
             stats["max_in_flight"] = max(stats["max_in_flight"], stats["in_flight"])
             attempt = seen[prompt] = seen.get(prompt, 0) + 1
-        try:
-            time.sleep(0.05)  # a little work, so concurrent requests overlap
-            if "slow" in prompt:
-                time.sleep(3)
-            if "badrequest" in prompt:
-                return self.reply(400, {"error": "unknown model"})
-            if "flaky" in prompt and attempt == 1:
-                return self.reply(500, {"error": "internal"})
-            if "busy" in prompt and attempt == 1:
-                return self.reply(429, {"error": "rate limited"})
-            image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
-            score = round(float(np.asarray(image, dtype=np.float32).mean() / 255 * 10), 1)
-            answer = "I would rather not say." if "garbage" in prompt else f"{score}"
-            self.reply(200, {"choices": [{"message": {"role": "assistant", "content": answer}}]})
-        finally:
-            with lock:
-                stats["in_flight"] -= 1
+        time.sleep(0.05)  # a little work, so concurrent requests overlap
+        if "slow" in prompt:
+            time.sleep(3)
+        if "badrequest" in prompt:
+            return self.reply(400, {"error": "unknown model"})
+        if "flaky" in prompt and attempt == 1:
+            return self.reply(500, {"error": "internal"})
+        if "busy" in prompt and attempt == 1:
+            return self.reply(429, {"error": "rate limited"})
+        image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+        score = round(float(np.asarray(image, dtype=np.float32).mean() / 255 * 10), 1)
+        answer = "I would rather not say." if "garbage" in prompt else f"{score}"
+        self.reply(200, {"choices": [{"message": {"role": "assistant", "content": answer}}]})
 
 
 if __name__ == "__main__":

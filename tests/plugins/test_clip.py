@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from gyremedia.options import validate
 from gyremedia.rollout import Media
 from gyremedia.scoring import call_reward
 from gyremedia_rewards.clip import ClipOptions, ClipScore, ClipSteering, ClipSteeringOptions
@@ -70,12 +71,9 @@ def test_steering_moves_the_target_toward_positive_and_away_from_negative(tiny_c
     scores = reward(images(1), prompts)
     assert set(scores) == {"score", "prompt_similarity", "positive_similarity", "negative_similarity"}
     assert torch.isfinite(scores["score"]).all()
-    with pytest.raises(ValueError, match="at least one positive and one negative"):
-        ClipSteering(ClipSteeringOptions(**tiny_clip.__dict__, negative=[]))
+    assert validate(ClipSteeringOptions(**tiny_clip.__dict__, negative=[]))[0] == "negative=[]: give at least one text"
 
 
 def test_missing_weights_fail_with_the_fix(tiny_clip):
-    with pytest.raises(ValueError, match="set pretrained to a tag"):
-        ClipScore(ClipOptions(model=tiny_clip.model, pretrained=""))
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        ClipScore(ClipOptions(model="/nowhere/model.json"))
+    assert "needs weights: a tag (e.g. openai)" in validate(ClipOptions(model=tiny_clip.model, pretrained=""))[0]
+    assert "no such model-config file" in validate(ClipOptions(model="/nowhere/model.json"))[0]

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from gyremedia.options import validate
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
 
 
@@ -44,5 +45,4 @@ def test_sde_preserves_the_flow_marginals():
 
 
 def test_noise_level_must_be_positive():
-    with pytest.raises(ValueError, match="noise_level must be > 0"):
-        FlowSDESampler(FlowSDEOptions(noise_level=0.0))
+    assert validate(FlowSDEOptions(noise_level=0.0), "sampler.")[0].startswith("sampler.noise_level=0.0: must be > 0")

@@ -1,4 +1,5 @@
-"""OCR reward with the real Tesseract engine on words rendered by PIL."""
+"""OCR reward with real engines on words rendered by PIL: PP-OCR (the default, installed by pip with its
+models) and Tesseract (when its program is installed)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,29 @@ def test_text_helpers():
     assert text_similarity("abc", "completely different") == 0.0
 
 
-@pytest.fixture(scope="module")
-def ocr() -> OcrReward:
-    pytest.importorskip("pytesseract")
-    return OcrReward(OcrOptions())
+def tesseract_installed() -> bool:
+    import shutil
+
+    return shutil.which("tesseract") is not None
+
+
+@pytest.fixture(scope="module", params=["rapidocr", "tesseract"])
+def ocr(request) -> OcrReward:
+    if request.param == "tesseract" and not tesseract_installed():
+        pytest.skip("the tesseract program is not installed (apt-get install tesseract-ocr); rapidocr is the default")
+    return OcrReward(OcrOptions(engine=request.param))
+
+
+def test_the_default_engine_needs_nothing_but_pip():
+    assert OcrOptions().engine == "rapidocr"
+    reward = OcrReward(OcrOptions(detect=False))  # the whole image read as one line
+    assert reward(rendered("sunset"), ['a card with "sunset"'])["exact"].item() == 1.0
+
+
+@pytest.mark.skipif(tesseract_installed(), reason="checks the message for a machine without tesseract")
+def test_a_missing_tesseract_says_how_to_install_it_or_which_engine_to_use():
+    with pytest.raises(RuntimeError, match="apt-get install tesseract-ocr \\(or use engine: rapidocr\\)"):
+        OcrReward(OcrOptions(engine="tesseract"))
 
 
 def test_reads_the_right_word_and_scores_a_wrong_one_lower(ocr):
@@ -50,5 +70,5 @@ def test_reads_the_right_word_and_scores_a_wrong_one_lower(ocr):
 
 
 def test_a_blank_image_scores_low(ocr):
-    # Tesseract may hallucinate a glyph or two on a blank page, never the asked word
+    # an engine may hallucinate a glyph or two on a blank page, never the asked word
     assert ocr(Media("image", torch.ones(1, 3, 48, 256)), ['"hello"'])["score"].item() < 0.5

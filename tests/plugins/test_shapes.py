@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from gyremedia.options import validate
 from gyremedia.rollout import Media
 from gyremedia_shapes.verifier import detect, verify
 from gyremedia_shapes.verifier_reward import ShapesVerifierOptions, ShapesVerifierReward
@@ -71,5 +72,4 @@ def test_reward_scores_partial_credit_per_criterion():
     assert proxy(Media("image", images), ["a red circle right of a blue square", "three green triangles"])["score"].tolist() == [1.0, 1.0]
     position = ShapesVerifierReward(ShapesVerifierOptions(criteria=["position"]))(Media("image", images), prompts)["score"]
     assert position[0] == 1.0 and torch.isnan(position[1])
-    with pytest.raises(ValueError, match="choose among object, colour, count, position"):
-        ShapesVerifierReward(ShapesVerifierOptions(criteria=["size"]))
+    assert "choose among object, colour, count, position" in validate(ShapesVerifierOptions(criteria=["size"]))[0]

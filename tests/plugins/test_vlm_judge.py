@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gyremedia.options import validate
 from gyremedia.config import RewardSettings, Selected
 from gyremedia.rollout import Media
 from gyremedia.scoring import RewardError, Scorer
@@ -91,5 +92,4 @@ def test_unreachable_server_gives_nan_not_zero():
 
 
 def test_rubric_must_name_the_prompt():
-    with pytest.raises(ValueError, match="must contain \\{prompt\\}"):
-        VlmJudge(VlmJudgeOptions(rubric="Rate this image."))
+    assert "must contain {prompt}" in validate(VlmJudgeOptions(rubric="Rate this image."))[0]

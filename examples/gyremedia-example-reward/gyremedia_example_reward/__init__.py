@@ -39,5 +39,5 @@ class Colorfulness:
 
 @hookimpl
 def gyremedia_register_rewards(register):
-    register("colorfulness", Colorfulness, options=ColorfulnessOptions, kinds={"image"},
+    register("colorfulness", Colorfulness, options=ColorfulnessOptions,
              description="Hasler-Suesstrunk colourfulness (example third-party plugin)")

@@ -1,0 +1,111 @@
+"""A second device on a CPU-only machine, to catch tensors created on the wrong device.
+
+``FakeDevice()`` is a context manager. Inside it, ``.to("meta")``, ``Module.to("meta")`` and factory
+calls with ``device="meta"`` give :class:`OnDevice` tensors: CPU tensors that report ``device(type="meta")``,
+compute on the CPU (so ``.item()``, ``unique`` and autograd work) and refuse, as CUDA does, any op that
+mixes them with a CPU tensor of one or more dimensions (CPU scalars and CPU index tensors are allowed,
+as on CUDA). So code that writes ``torch.zeros(n)`` where it should write ``torch.zeros(n, device=x.device)``
+fails here the way it would fail on a GPU.
+
+What it cannot see: kernels that exist only on the real device, dtype support, numerics, speed, and
+operations outside PyTorch (numpy on a device tensor fails here only if the code calls ``.numpy()``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+DEVICE = torch.device("meta")
+
+
+class DeviceMismatch(RuntimeError):
+    """A tensor on the (fake) accelerator met a CPU tensor."""
+
+
+#: Ops a CUDA tensor accepts CPU tensors in (index tensors are moved by the kernel).
+_CPU_ARGS_ALLOWED = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default,
+                     torch.ops.aten._index_put_impl_.default}
+
+
+def _is_fake(device: Any) -> bool:
+    return isinstance(device, (str, torch.device)) and torch.device(device).type == DEVICE.type
+
+
+class OnDevice(torch.Tensor):
+    """A CPU tensor standing in for one on the accelerator (its ops run in :class:`FakeDevice`)."""
+
+    elem: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor) -> OnDevice:
+        wrapper = torch.Tensor._make_wrapper_subclass(cls, elem.size(), strides=elem.stride(),
+                                                      storage_offset=elem.storage_offset(), dtype=elem.dtype,
+                                                      device=DEVICE, requires_grad=elem.requires_grad)
+        wrapper.elem = elem
+        return wrapper
+
+    def __repr__(self) -> str:
+        return f"OnDevice({self.elem!r})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _run(func, args, kwargs or {})
+
+
+def _run(func, args: tuple, kwargs: dict) -> Any:
+    """Run an aten op on the CPU data: refuse accelerator/CPU mixes, place factories and copies."""
+    flat, _ = tree_flatten((args, kwargs))
+    on_device = [t for t in flat if isinstance(t, OnDevice)]
+    elsewhere = [t for t in flat if isinstance(t, torch.Tensor) and not isinstance(t, OnDevice) and t.dim() > 0]
+    if on_device and elsewhere and func not in _CPU_ARGS_ALLOWED:
+        raise DeviceMismatch(f"{func}: tensors on {DEVICE} (the accelerator) and on "
+                             f"{sorted({t.device.type for t in elsewhere})}, shapes {[tuple(t.shape) for t in elsewhere]}")
+    device = kwargs.get("device")
+    if device is not None:
+        kwargs = {**kwargs, "device": torch.device("cpu")}
+
+    def unwrap(t: Any) -> Any:
+        return t.elem if isinstance(t, OnDevice) else t
+
+    out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+    to_device = _is_fake(device) or (device is None and bool(on_device))
+    if not to_device:
+        return out
+    return tree_map(lambda t: OnDevice(t) if isinstance(t, torch.Tensor) and not isinstance(t, OnDevice) else t, out)
+
+
+class _PlaceDataOnDevice(TorchFunctionMode):
+    """``torch.tensor(data, device=...)`` and its kin build their tensor below the dispatcher's Python hooks;
+    ``tolist`` refuses tensor subclasses."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.tensor, torch.as_tensor, torch.asarray) and _is_fake(kwargs.get("device")):
+            return OnDevice(func(*args, **{**kwargs, "device": "cpu"}))
+        if func is torch.Tensor.tolist and isinstance(args[0], OnDevice):  # CUDA tensors copy to a list too
+            return args[0].elem.tolist()
+        return func(*args, **kwargs)
+
+
+class _PlaceOps(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return _run(func, args, kwargs or {})
+
+
+class FakeDevice:
+    """Within the block, ``meta`` behaves as an accelerator device backed by CPU memory (see the module docstring)."""
+
+    def __enter__(self) -> FakeDevice:
+        self._modes = [_PlaceOps(), _PlaceDataOnDevice()]
+        for mode in self._modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for mode in reversed(self._modes):
+            mode.__exit__(*exc)
