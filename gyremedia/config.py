@@ -78,7 +78,9 @@ class TrainSection:
     adam_beta2: float = option(0.999, ge=0, lt=1, help="AdamW beta2")
     max_grad_norm: float = option(1.0, gt=0, help="gradients are clipped to this global norm")
     warmup_steps: int = option(0, ge=0, help="linear learning-rate warm-up steps")
-    num_minibatches: int = option(1, ge=1, help="optimizer steps per rollout; each one takes a slice of the samples")
+    num_minibatches: int = option(1, ge=1, help="optimizer steps per pass over a rollout; each takes a slice of it")
+    num_iterations: int = option(1, ge=1, help="passes over each rollout (PPO epochs); ratio objectives compare "
+                                               "with the policy that sampled it")
     # A step whose loss or gradient is NaN or inf: "stop" ends the run there naming the loss terms that were
     # not finite (the weights and checkpoints stay finite); "skip" drops that update and counts it
     # (metric train/nonfinite_skipped).
@@ -178,7 +180,7 @@ COMPONENT_SECTIONS = {
 }
 #: Component sections a config may leave out (``eval.sampler`` defaults to the run's sampler).
 #: (``weighting`` defaults to the objective's ``default_weighting``, if it uses one).
-OPTIONAL_SECTIONS = {"regularizers": [], "logging.loggers": [], "eval.sampler": None, "weighting": None,
+OPTIONAL_SECTIONS = {"sampler": None, "regularizers": [], "logging.loggers": [], "eval.sampler": None, "weighting": None,
                      "monitor.gold": []}
 
 
@@ -236,7 +238,7 @@ class ResolvedConfig:
 
     core: TrainConfig
     backbone: Selected
-    sampler: Selected
+    sampler: Selected | None  # None for a token policy, which samples itself
     objective: Selected
     rewards: list[Selected]
     regularizers: list[Selected]
@@ -249,7 +251,8 @@ class ResolvedConfig:
         """The fully resolved config (every default filled in), as written into the run folder."""
         data: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(self.core), resolve=True)
         for attr in ("backbone", "sampler", "objective"):
-            data[attr] = getattr(self, attr).as_dict()
+            if getattr(self, attr) is not None:
+                data[attr] = getattr(self, attr).as_dict()
         data["rewards"] = [s.as_dict() for s in self.rewards]
         data["regularizers"] = [s.as_dict() for s in self.regularizers if s.implied_by is None]
         if self.weighting is not None:
@@ -481,7 +484,7 @@ def resolve_config(cfg: DictConfig, pm: PluginManager) -> ResolvedConfig:
     errors += _default_weighting(pm, selected, given=_section(cfg, "weighting") is not None)
     errors += _kl_shortcut(pm, selected)
     if core is not None:
-        errors += _cross_checks(core, selected, pm)
+        errors += _cross_checks(core, selected, pm, sampler_given=_section(cfg, "sampler") is not None)
     if errors:
         raise ConfigError(errors[0] if len(errors) == 1 else f"{len(errors)} problems in the config:\n  - " + "\n  - ".join(errors))
     return ResolvedConfig(
@@ -555,10 +558,10 @@ def _kl_shortcut(pm: PluginManager, selected: dict[str, Any]) -> list[str]:
     return []
 
 
-def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager) -> list[str]:
+def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager, sampler_given: bool) -> list[str]:
     """Constraints between keys that no single field's range can express (each field's own range is
     checked where it is declared, :mod:`gyremedia.options`)."""
-    errors = []
+    errors = _transition_checks(selected, pm, sampler_given)
     r = core.rollout
     if r.batch_size % r.group_size:
         lower = r.batch_size - r.batch_size % r.group_size
@@ -608,14 +611,17 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
                           f"{backbone.name!r} makes {media}: choose one of {', '.join(sorted(fits)) or '(none registered)'}")
     errors += _pareto_checks(core, rewards, backbone)
     objective = selected.get("objective")
+    transitions = backbone.meta.get("transitions") if backbone is not None else None
     for i, regularizer in enumerate(selected.get("regularizers") or []):
         if regularizer is not None and objective is not None and regularizer.meta.get("requires_log_prob") \
                 and not objective.meta.get("requires_log_prob"):
-            alternatives = _names(pm, "regularizer", requires_log_prob=False)
+            replaying = [n for n in _names_for(pm, "objective", transitions)
+                         if pm.component("objective", n).meta.get("requires_log_prob")]
+            others = [n for n in _names_for(pm, "regularizer", transitions)
+                      if not pm.component("regularizer", n).meta.get("requires_log_prob")]
             errors.append(f"regularizers.{i}: {regularizer.name!r} compares replayed sampler transitions, which "
                           f"objective {objective.name!r} does not make: use an objective that replays them "
-                          f"({', '.join(_names(pm, 'objective', requires_log_prob=True))}) or another regularizer "
-                          f"({', '.join(alternatives)})")
+                          f"({', '.join(replaying)}) or another regularizer ({', '.join(others)})")
     if objective is not None and objective.meta.get("needs_tree_rollouts") and not r.branch_steps:
         errors.append(f"objective {objective.name!r} trains on tree rollouts: set rollout.branch_steps (e.g. [0, 3]) and "
                       f"rollout.group_size to rollout.branch_width ** their number (e.g. 4)")
@@ -627,6 +633,37 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
                 f"or an objective that needs none ({', '.join(_names(pm, 'objective', requires_log_prob=False))})"
             )
     return errors
+
+
+def _transition_checks(selected: dict[str, Any], pm: PluginManager, sampler_given: bool) -> list[str]:
+    """A sampler exactly when the backbone's transitions are denoising steps; objectives and regularizers
+    that train the transitions the backbone emits."""
+    backbone = selected.get("backbone")
+    if backbone is None:
+        return []
+    transitions, errors = backbone.meta.get("transitions"), []
+    if transitions == "denoising" and not sampler_given:
+        errors.append(f"missing value for 'sampler': backbone {backbone.name!r} takes its denoising steps from a sampler: "
+                      f"choose one of {', '.join(_names(pm, 'sampler'))}")
+    if transitions != "denoising":
+        for path in ("sampler", "eval.sampler"):
+            if selected.get(path) is not None:
+                errors.append(f"'{path}': backbone {backbone.name!r} emits {transitions} and samples them itself "
+                              f"(its own options set how): remove the {path} section")
+    for path in ("objective", *(f"regularizers.{i}" for i in range(len(selected.get("regularizers") or [])))):
+        chosen = selected.get("objective") if path == "objective" else selected["regularizers"][int(path.split(".")[1])]
+        trains = chosen.meta.get("transitions") if chosen is not None else None
+        if trains and transitions and trains != transitions:
+            kind = chosen.kind
+            errors.append(f"{path}: {kind} {chosen.name!r} trains {trains} transitions, but backbone {backbone.name!r} "
+                          f"emits {transitions}: choose one of {', '.join(_names_for(pm, kind, transitions))}")
+    return errors
+
+
+def _names_for(pm: PluginManager, kind: str, transitions: str) -> list[str]:
+    """Components of ``kind`` that train ``transitions`` (or any)."""
+    return sorted(c.name for c in pm.registry.all() if c.kind == kind
+                  and c.meta.get("transitions") in (None, transitions)) or ["(none registered)"]
 
 
 def _names(pm: PluginManager, kind: str, **capabilities: Any) -> list[str]:

@@ -13,8 +13,6 @@ from tqdm.auto import tqdm
 from gyremedia.config import ResolvedConfig
 from gyremedia.data import PromptSource
 from gyremedia.rollout import Media
-from gyremedia.sampling import sample_trajectories
-from gyremedia.streams import Stream, sample_generators
 from gyremedia.scoring import MalformedRewardOutput, RewardContractError, RewardError, call_reward
 
 
@@ -35,7 +33,7 @@ class EvalResult:
     prompts: list[str]
     media: Media
     scores: dict[str, torch.Tensor]
-    extras: dict[str, Any] = field(default_factory=dict)  # final_states, preference: for further measurements
+    extras: dict[str, Any] = field(default_factory=dict)  # generated (the policy's), preference: for further measurements
 
     def means(self, prefix: str = "eval/") -> dict[str, float]:
         return {**{f"{prefix}{k}": nanmean(v) for k, v in self.scores.items()},
@@ -43,10 +41,16 @@ class EvalResult:
 
 
 def in_group_diversity(media: Media, prompts: list[str]) -> float:
-    """Mean pairwise RMS distance between samples of the same prompt (different seeds), averaged
-    over prompts: how varied a model's answers to one prompt are; 0 means mode collapse."""
+    """How varied a model's answers to one prompt are (different seeds), averaged over prompts; 0 means
+    mode collapse. Tensors: the mean pairwise RMS distance between a prompt's samples. Text: the share of
+    its samples beyond the first that are distinct, ``(distinct - 1) / (n - 1)``."""
     if isinstance(media.data, list):
-        return math.nan
+        shares = []
+        for prompt in dict.fromkeys(prompts):
+            answers = [media.data[i] for i, p in enumerate(prompts) if p == prompt]
+            if len(answers) > 1:
+                shares.append((len(set(answers)) - 1) / (len(answers) - 1))
+        return sum(shares) / len(shares) if shares else math.nan
     flat = media.data.detach().float().flatten(1).cpu()
     distances = []
     for prompt in dict.fromkeys(prompts):
@@ -60,36 +64,6 @@ def in_group_diversity(media: Media, prompts: list[str]) -> float:
 def nanmean(values: torch.Tensor) -> float:
     values = values[~torch.isnan(values)]
     return float(values.mean()) if len(values) else math.nan
-
-
-def encode(backbone: Any, prompts: list[str], preference: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """The backbone's conditions for ``prompts``, with one ``preference`` weight vector for every
-    sample when given (a Pareto model)."""
-    conditions = backbone.encode(prompts)
-    if preference is not None:
-        conditions["preference"] = preference.to(next(iter(conditions.values())).device).expand(len(prompts), -1)
-    return conditions
-
-
-@torch.no_grad()
-def generate(backbone: Any, sampler: Any, prompts: list[str], *, seed: int, num_steps: int,
-             guidance_scale: float, batch_size: int = 64,
-             preference: torch.Tensor | None = None) -> tuple[Media, torch.Tensor]:
-    """Sample one output per prompt (and return the final states too); sample ``i`` always uses the
-    noise of ``(seed, i)``. A Pareto model gets the same ``preference`` weight vector for every sample."""
-    parts = []
-    for begin in range(0, len(prompts), batch_size):
-        chunk = prompts[begin:begin + batch_size]
-        ids = list(range(begin, begin + len(chunk)))
-        states, _, _ = sample_trajectories(
-            backbone, sampler, encode(backbone, chunk, preference),
-            initial_generators=sample_generators(seed, 0, Stream.INITIAL_NOISE, ids),
-            step_generators=sample_generators(seed, 0, Stream.STEP_NOISE, ids),
-            num_steps=num_steps, guidance_scale=guidance_scale,
-        )
-        parts.append((backbone.decode(states[:, -1]), states[:, -1]))
-    media = [p[0] for p in parts]
-    return Media(media[0].kind, torch.cat([m.data for m in media]), media[0].meta), torch.cat([p[1] for p in parts])
 
 
 def score(rewards: dict[str, Any], media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
@@ -117,10 +91,10 @@ def evaluate(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[
     if preference is None and config.core.pareto.enabled:
         preference = torch.full((len(config.rewards),), 1 / len(config.rewards))
     backbone.trainable_module().eval()
-    media, finals = generate(backbone, sampler, prompts, seed=ev.seed, num_steps=ev.num_steps or rollout.num_steps,
-                             guidance_scale=rollout.guidance_scale, preference=preference)
-    extras = {"final_states": finals} if preference is None else {"final_states": finals, "preference": preference}
-    return EvalResult(prompts, media, score(rewards, media, prompts), extras)
+    generated = backbone.generate(prompts, seed=ev.seed, sampler=sampler, num_steps=ev.num_steps or rollout.num_steps,
+                                  guidance_scale=rollout.guidance_scale, preference=preference)
+    extras = dict(generated.extras, generated=generated, preference=preference)
+    return EvalResult(prompts, generated.media, score(rewards, generated.media, prompts), extras)
 
 
 def sweep_weights(count: int, settings: int) -> torch.Tensor:
@@ -158,8 +132,9 @@ def paired_gain(base: torch.Tensor, trained: torch.Tensor) -> dict[str, float]:
 
 
 def save_grid(media: Media, prompts: list[str], path: Path, count: int) -> Path | None:
-    """A captioned grid of the first ``count`` samples: a PNG of images, an animated GIF of videos
-    (``path`` with its suffix changed); other media kinds are skipped. Returns the file written."""
+    """A captioned grid of the first ``count`` samples: a PNG of images, an animated GIF of videos, a text
+    file of prompts and completions (``path`` with its suffix changed); other kinds are skipped.
+    Returns the file written."""
     from gyremedia.media_io import save_image_grid, save_video_grid
 
     if media.kind == "image":
@@ -168,5 +143,10 @@ def save_grid(media: Media, prompts: list[str], path: Path, count: int) -> Path 
     if media.kind == "video":
         path = Path(path).with_suffix(".gif")
         save_video_grid(media.data[:count], prompts[:count], path, fps=media.meta.get("fps", 4))
+        return path
+    if media.kind == "text":
+        path = Path(path).with_suffix(".txt")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"{prompt!r} -> {completion!r}\n" for prompt, completion in zip(prompts[:count], media.data)))
         return path
     return None

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
     from omegaconf import DictConfig
 
+    from gyremedia.interfaces import RolloutRequest
     from gyremedia.rollout import Media, Rollout
     from gyremedia.state import TrainState
 
@@ -117,6 +118,20 @@ def gyremedia_register_loggers(register: Register) -> None:
 @hookspec
 def gyremedia_configure(config: DictConfig, accelerator: Accelerator) -> None:
     """Called once after the config is validated and the accelerator exists, before models load."""
+
+
+@hookspec(firstresult=True)
+def gyremedia_collect_rollout(state: TrainState, request: RolloutRequest) -> Rollout | None:
+    """The rollout stage: sample this rank's share of a step. The first implementation that returns a
+    rollout wins, like pytest's ``pytest_runtestloop``.
+
+    :param request: the prompts, their sample and group ids (each sample's noise depends on its id
+        alone), the chunks training replays, and the ``rollout`` settings.
+
+    The default (``gyremedia.stages``, always loaded) is the policy's own: ``state.backbone.collect_rollout``
+    (denoising trajectories or trees; token generation). A plugin overrides it with
+    ``@hookimpl(tryfirst=True)`` (an external inference engine, candidate pools); returning ``None`` defers.
+    """
 
 
 @hookspec

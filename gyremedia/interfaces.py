@@ -28,9 +28,36 @@ class BuildContext:
     is_main_process: bool = True
 
 
+@dataclass
+class RolloutRequest:
+    """One rank's share of a step, as the trainer hands it to the policy's rollout stage."""
+
+    step: int
+    seed: int
+    prompts: list[str]  # one per sample
+    sample_ids: torch.Tensor  # [B] each sample's index in the step's global batch (its noise depends on it)
+    group_ids: torch.Tensor  # [B] its prompt group's index in the global batch
+    chunks: int  # training replays the rollout in this many minibatches: sample in the same chunks
+    settings: Any  # the core ``rollout`` section (group size, steps, guidance, tree branching, ...)
+    preference: torch.Tensor | None = None  # [B, R] a Pareto run's reward-preference weights
+
+
+@dataclass
+class Generated:
+    """Samples for evaluation: their media, and what further measurements need (final states, token ids)."""
+
+    media: Media
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
 @runtime_checkable
-class Backbone(Protocol):
-    """A denoising generator: predicts a velocity (or noise) for states on a noise schedule."""
+class Policy(Protocol):
+    """A generator as the trainer drives it: a policy that emits a sequence of stochastic transitions.
+
+    The policy owns how a rollout is collected (denoising trajectories, trees, token generation) and
+    how its media and evaluation samples are made. Its class declares ``media_kind`` and
+    ``transitions`` (``"denoising"``: sampler steps of a state; ``"tokens"``: sampled tokens).
+    """
 
     media_kind: str
 
@@ -39,6 +66,44 @@ class Backbone(Protocol):
 
     def set_training_module(self, module: torch.nn.Module) -> None:
         """Use ``module`` (the accelerate-prepared wrapper) for forwards that need gradients."""
+
+    def enable_reference(self) -> None:
+        """Keep the frozen reference policy (the base model) that KL terms and the monitor compare with."""
+
+    def collect_rollout(self, request: RolloutRequest, sampler: Sampler | None) -> Rollout:
+        """Sample the request's prompts (the default of the rollout stage); ``sampler`` is the run's, if any."""
+
+    def media(self, rollout: Rollout) -> Media:
+        """The rollout's outputs as media for the rewards."""
+
+    def generate(self, prompts: list[str], *, seed: int, sampler: Sampler | None, num_steps: int,
+                 guidance_scale: float, preference: torch.Tensor | None = None) -> Generated:
+        """One evaluation sample per prompt, sample ``i`` seeded by ``(seed, i)`` alone."""
+
+    def reference_drift(self, prompts: list[str], generated: Generated, *, levels: int, guidance_scale: float,
+                        preference: torch.Tensor | None = None) -> float:
+        """How far the policy has moved from the reference on evaluation samples (0 at the start)."""
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained weights to checkpoint (adapters only under LoRA)."""
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what :meth:`trainable_state_dict` returned."""
+
+    def save_pretrained(self, out_dir: Path, *, merge_lora: bool = True) -> None:
+        """Write the generator as a folder its library's stock loader reads (adapters merged, or alone)."""
+
+
+#: The config section and registration hook say "backbone": a backbone is a policy.
+Backbone = Policy
+
+
+@runtime_checkable
+class DenoisingBackbone(Policy, Protocol):
+    """A policy whose transitions are denoising steps: predicts a velocity (or noise) on a noise schedule.
+
+    :class:`gyremedia.backbones.denoising.DenoisingPolicy` implements the policy stages from these.
+    """
 
     def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         """Conditioning tensors for prompts, batch-indexed (cached per prompt where costly)."""
@@ -53,25 +118,21 @@ class Backbone(Protocol):
                 guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
         """The model output (velocity for flow matching) at states ``x`` and noise level ``sigma``.
 
-        ``sigma`` is a scalar (the whole batch) or ``[B]`` (one level per sample).
-
+        ``sigma`` is a scalar (the whole batch) or ``[B]`` (one level per sample), on ``x``'s device.
         With ``reference=True`` it is the frozen reference policy's output (no gradients).
         """
 
     def decode(self, final: torch.Tensor) -> Media:
         """Turn final states into media for the rewards."""
 
-    def enable_reference(self) -> None:
-        """Keep the frozen reference policy that ``predict(reference=True)`` uses (for KL terms)."""
 
-    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """The trained weights to checkpoint (adapters only under LoRA)."""
+@runtime_checkable
+class TokenPolicy(Policy, Protocol):
+    """A policy whose transitions are sampled tokens (a causal language model)."""
 
-    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore what :meth:`trainable_state_dict` returned."""
-
-    def save_pretrained(self, out_dir: Path, *, merge_lora: bool = True) -> None:
-        """Write the generator as a folder its library's stock loader reads (adapters merged, or alone)."""
+    def token_log_probs(self, rollout: Rollout, *, reference: bool = False) -> torch.Tensor:
+        """``[B, T]`` fp32 log-probs of the rollout's completion tokens under the current policy (with
+        gradients) or the reference (without), at the sampling temperature; padding positions are 0."""
 
 
 @dataclass
@@ -111,7 +172,11 @@ class LossOutput:
 
 @runtime_checkable
 class Objective(Protocol):
-    """Turns a scored rollout into losses, one micro-step at a time (gradients accumulate)."""
+    """Turns a scored rollout into losses, one micro-step at a time (gradients accumulate).
+
+    Optional: ``prepare(ctx, rollout)``, called once per rollout before its first update (e.g. to record
+    the old policy's log-probs that several PPO iterations compare with).
+    """
 
     def micro_steps(self, rollout: Rollout, step: int) -> list[Any]:
         """The micro-steps of one optimizer step on ``rollout`` (e.g. the timesteps to train on)."""
@@ -131,11 +196,14 @@ class TimestepWeighting(Protocol):
 class ObjectiveContext:
     """What an objective needs to recompute the policy on recorded transitions."""
 
-    backbone: Backbone
-    sampler: Sampler
+    backbone: Policy
+    sampler: Sampler | None  # the run's sampler (denoising policies)
     guidance_scale: float
     step: int
     weighting: TimestepWeighting | None = None  # the run's timestep weighting, for objectives that use one
+    accelerator: Accelerator | None = None  # for objectives whose normaliser spans every rank (token counts)
+    minibatches: int = 1  # optimizer steps per pass over the rollout (train.num_minibatches)
+    passes: int = 1  # passes over the rollout (train.num_iterations): updates per rollout = minibatches x passes
 
 
 @runtime_checkable

@@ -4,9 +4,10 @@ At every evaluation it adds, beside the training rewards' scores on the eval pro
 
 - ``eval/gold/<name>``: held-out "gold" rewards (``monitor.gold``), scored on the same eval media but
   never trained on: what the proxy is meant to stand for;
-- ``eval/drift``: how far the policy's velocity has moved from the reference's on the eval samples,
-  ``mean ||v - v_ref||^2 / mean ||v_ref||^2`` at ``monitor.drift_levels`` noise levels (with
-  ``monitor.drift: true``; it keeps the reference policy);
+- ``eval/drift``: how far the policy has moved from the reference on the eval samples (with
+  ``monitor.drift: true``; it keeps the reference policy), as the policy measures it
+  (``reference_drift``): a denoising policy's ``mean ||v - v_ref||^2 / mean ||v_ref||^2`` at
+  ``monitor.drift_levels`` noise levels, a token policy's mean per-token KL;
 
 and warns (``monitor/hacking = 1`` and a log warning) when the proxy rose by more than
 ``monitor.tolerance`` since the previous evaluation while a gold reward fell by more than it, and
@@ -20,11 +21,8 @@ import logging
 import math
 from typing import Any
 
-import torch
 
-from gyremedia.evaluation import EvalResult, encode, nanmean, score
-from gyremedia.sampling import noise_like, renoise
-from gyremedia.streams import Stream, sample_generators
+from gyremedia.evaluation import EvalResult, nanmean, score
 
 logger = logging.getLogger("gyremedia")
 
@@ -49,7 +47,10 @@ class HackingMonitor:
         for key, values in score(self.gold, result.media, result.prompts).items():
             metrics[f"eval/gold/{key}"] = nanmean(values)
         if self.settings.drift:
-            metrics["eval/drift"] = velocity_drift(backbone, result, self.settings.drift_levels, guidance_scale)
+            metrics["eval/drift"] = backbone.reference_drift(result.prompts, result.extras["generated"],
+                                                             levels=self.settings.drift_levels,
+                                                             guidance_scale=guidance_scale,
+                                                             preference=result.extras.get("preference"))
         current = {k: v for k, v in metrics.items() if k == self.proxy or k.startswith("eval/gold/")}
         if self.gold:
             metrics["monitor/hacking"] = float(self._hacking(step, current))
@@ -83,26 +84,3 @@ class HackingMonitor:
     def load_state_dict(self, state: dict) -> None:
         if state:
             self.previous, self.first_diversity = state["previous"], state["first_diversity"]
-
-
-@torch.no_grad()
-def velocity_drift(backbone: Any, result: EvalResult, levels: int, guidance_scale: float,
-                   batch_size: int = 64) -> float:
-    """``mean ||v - v_ref||^2 / mean ||v_ref||^2`` on the eval samples' clean states re-noised at
-    ``levels`` evenly spaced noise levels (fixed noise, so evaluations compare)."""
-    finals = result.extras.get("final_states")
-    if finals is None:
-        return math.nan
-    gap = norm = 0.0
-    for begin in range(0, len(finals), batch_size):
-        x0 = finals[begin:begin + batch_size]
-        conditions = encode(backbone, result.prompts[begin:begin + len(x0)], result.extras.get("preference"))
-        noise = noise_like(x0, sample_generators(0, 0, Stream.MONITOR, list(range(begin, begin + len(x0)))))
-        for t in torch.linspace(0, 1, levels + 2)[1:-1].tolist():
-            xt = renoise(x0, noise, t)
-            level = torch.tensor(t, device=x0.device)
-            v = backbone.predict(xt, level, conditions, guidance_scale).float()
-            v_ref = backbone.predict(xt, level, conditions, guidance_scale, reference=True).float()
-            gap += float((v - v_ref).pow(2).sum())
-            norm += float(v_ref.pow(2).sum())
-    return gap / max(norm, 1e-12)

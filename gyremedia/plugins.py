@@ -23,6 +23,8 @@ from gyremedia.hookspecs import COMPONENT_KINDS, DATA_CHANGING_HOOKS
 ENTRY_POINT_GROUP = "gyremedia"
 #: Comma-separated entry-point names; when set, only these plugins load.
 ALLOW_LIST_ENV = "GYREMEDIA_PLUGINS"
+#: The plugin holding the stage hooks' default implementations (gyremedia/stages.py).
+ESSENTIAL_PLUGIN = "gyremedia.stages"
 
 
 class PluginError(Exception):
@@ -75,14 +77,15 @@ def call_each(pm: pluggy.PluginManager, hook_name: str, **kwargs: Any) -> dict[s
 #: What a component of each kind may declare about itself, as class attributes, with the default
 #: when it declares nothing. The config reads them to refuse impossible combinations before any model loads.
 CAPABILITIES: dict[str, dict[str, Any]] = {
-    "backbone": {"media_kind": None, "prediction": None},  # the Media kind it decodes to; velocity | epsilon | None
+    # transitions: "denoising" (sampler steps of a state) or "tokens" (a token policy samples itself)
+    "backbone": {"media_kind": None, "prediction": None, "transitions": "denoising"},
     "sampler": {"has_log_prob": False, "needs_predict": False, "prediction": None},
     # kl_regularizer: the regularizer an objective's `kl_beta` option selects (with that weight)
     # needs_tree_rollouts: it trains on tree rollouts (rollout.branch_steps)
     "objective": {"requires_log_prob": False, "default_weighting": None, "kl_regularizer": None,
-                  "needs_tree_rollouts": False},
+                  "needs_tree_rollouts": False, "transitions": None},  # transitions: what it trains (None: any)
     "reward": {"kinds": None},  # the media kinds it scores
-    "regularizer": {"requires_log_prob": False},
+    "regularizer": {"requires_log_prob": False, "transitions": None},
     "weighting": {},
     "logger": {},
 }
@@ -160,6 +163,11 @@ class PluginManager:
         self.pm.add_hookspecs(hookspecs)
         self.failed: list[FailedPlugin] = []
         self.distributions: dict[str, str] = {}
+        from gyremedia import stages
+
+        # The stages' default implementations load always, whatever GYREMEDIA_PLUGINS allows.
+        self.pm.register(stages, name=ESSENTIAL_PLUGIN)
+        self.distributions[ESSENTIAL_PLUGIN] = "gyremedia"
         if load_entry_points:
             self._load_entry_points()
         for plugin in extra_plugins:  # plugin state in checkpoints is keyed by this stable name

@@ -47,9 +47,11 @@ class Media:
 class Rollout:
     """One rank's slice of a step's samples and everything computed about them.
 
-    Batch-indexed tensors all share the first dimension ``B``. ``states`` holds the trajectory
-    ``x_0 .. x_S`` (``x_0`` the initial noise, ``x_S`` the final sample) as ``[B, S+1, ...]``;
-    ``log_probs[b, i]`` is ``log pi(x_{i+1} | x_i)`` under the policy that sampled it.
+    Batch-indexed tensors all share the first dimension ``B``. ``log_probs[b, i]`` is the log-prob of
+    transition ``i`` of sample ``b`` under the policy that sampled it. What ``states`` holds is the
+    policy's: a denoising trajectory ``x_0 .. x_S`` (``x_0`` the initial noise, ``x_S`` the final sample)
+    as ``[B, S+1, ...]``, or a token policy's prompt and completion ids ``[B, P+T]``, whose ``mask``
+    marks the real completion tokens.
     """
 
     prompts: list[str]
@@ -58,6 +60,7 @@ class Rollout:
     conditions: dict[str, torch.Tensor]  # backbone-specific conditioning, batch-indexed
     states: torch.Tensor
     log_probs: torch.Tensor | None = None  # [B, S]
+    mask: torch.Tensor | None = None  # [B, S] true for real transitions (token policies: not padding); None: all
     sigmas: torch.Tensor | None = None  # [S+1] noise levels of the states (denoising backbones)
     media: Media | None = None
     rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # reward name -> [B]
@@ -70,11 +73,11 @@ class Rollout:
 
     @property
     def num_transitions(self) -> int:
-        return self.states.shape[1] - 1
+        return self.log_probs.shape[1] if self.log_probs is not None else self.states.shape[1] - 1
 
     @property
     def final(self) -> torch.Tensor:
-        """The last state of each trajectory (the clean sample)."""
+        """The last state of each denoising trajectory (the clean sample)."""
         return self.states[:, -1]
 
     def select(self, index: torch.Tensor | list[int] | slice) -> Rollout:

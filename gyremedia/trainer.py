@@ -29,7 +29,7 @@ from gyremedia.advantages import distributed_group_advantages
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
 from gyremedia.distributed import global_nanmeans, mean_over_ranks
-from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext
+from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext, RolloutRequest
 from gyremedia.plugins import PluginManager, call_each
 from gyremedia.media_io import plot_metrics, plot_pareto_front
 from gyremedia.monitor import HackingMonitor
@@ -37,9 +37,7 @@ from gyremedia.rollout import Rollout
 from gyremedia.state import TrainState
 from gyremedia.runs import EXPORT_DIR, RESOLVED_CONFIG
 from gyremedia.scoring import RewardError, Scorer, reward_error  # noqa: F401 - RewardError is part of the API
-from gyremedia.sampling import sample_trajectories
-from gyremedia.streams import Stream, sample_generators, stream_rng
-from gyremedia.tree import sample_trees
+from gyremedia.streams import Stream, stream_rng
 
 logger = logging.getLogger("gyremedia")
 
@@ -150,7 +148,8 @@ class Trainer:
         context = BuildContext(device=acc.device, run_dir=self.run_dir, accelerator=acc,
                                seed=self.core.run.seed, is_main_process=acc.is_main_process)
         state.backbone = state.plugins.build(self.config.backbone, context)
-        state.sampler = state.plugins.build(self.config.sampler, context)
+        # a token policy samples its own tokens: no sampler section
+        state.sampler = state.plugins.build(self.config.sampler, context) if self.config.sampler is not None else None
         self.eval_sampler = (state.plugins.build(self.config.eval_sampler, context)
                              if self.config.eval_sampler is not None else state.sampler)
         state.objective = state.plugins.build(self.config.objective, context)
@@ -211,60 +210,33 @@ class Trainer:
         start = self.accelerator.process_index * per_rank
         return start, per_rank
 
-    def collect_rollout(self, step: int) -> Rollout:
-        """Sample this rank's share of the step's groups, in the chunks training will replay."""
-        r, state = self.core.rollout, self.state
+    def rollout_request(self, step: int) -> RolloutRequest:
+        """This rank's share of step ``step``: its prompts (the same draw on every rank), ids and chunks."""
+        r = self.core.rollout
         group_prompts = self.prompts.groups_for_step(self.core.run.seed, step, r.batch_size // r.group_size)
         start, per_rank = self._rank_slice()
         sample_ids = torch.arange(start, start + per_rank)
         group_ids = sample_ids // r.group_size
-        prompts = [group_prompts[g] for g in group_ids.tolist()]
-        noise_ids = group_ids if r.same_noise_in_group else sample_ids
-        chunk = per_rank // self.core.train.num_minibatches
-        parts, ancestors, forward_rows = [], [], 0
-        state.backbone.trainable_module().eval()
         pareto = self.core.pareto
         preference = (preference_weights(self.core.run.seed, step, group_ids, len(self.config.rewards), pareto.concentration)
                       if pareto.enabled else None)
-        for begin in range(0, per_rank, chunk):
-            span = slice(begin, begin + chunk)
-            conditions = state.backbone.encode(prompts[span])
-            if preference is not None:
-                conditions["preference"] = preference[span].to(self.accelerator.device)
-            if r.branch_steps:
-                # groups are whole in a chunk: its first member's conditions are its tree's
-                tree = sample_trees(
-                    state.backbone, state.sampler, {k: v[::r.group_size] for k, v in conditions.items()},
-                    group_ids=group_ids[span][::r.group_size].tolist(), seed=self.core.run.seed, step=step, branch_steps=list(r.branch_steps),
-                    width=r.branch_width, num_steps=r.num_steps, guidance_scale=r.guidance_scale)
-                states, log_probs, sigmas = tree.states, tree.log_probs, tree.sigmas
-                # node ids unique across chunks: offset by the nodes of earlier chunks at each level
-                ancestors.append(tree.ancestors + (ancestors[-1].max(dim=0).values + 1 if ancestors else 0))
-                forward_rows += tree.forward_rows
-            else:
-                states, log_probs, sigmas = sample_trajectories(
-                    state.backbone, state.sampler, conditions,
-                    initial_generators=sample_generators(self.core.run.seed, step, Stream.INITIAL_NOISE, noise_ids[span].tolist()),
-                    step_generators=sample_generators(self.core.run.seed, step, Stream.STEP_NOISE, sample_ids[span].tolist()),
-                    num_steps=r.num_steps, guidance_scale=r.guidance_scale,
-                )
-            parts.append((conditions, states, log_probs))
-        return Rollout(
-            prompts=prompts,
-            sample_ids=sample_ids,
-            group_ids=group_ids,
-            conditions={k: torch.cat([p[0][k] for p in parts]) for k in parts[0][0]},
-            states=torch.cat([p[1] for p in parts]),
-            log_probs=torch.cat([p[2] for p in parts]) if parts[0][2] is not None else None,
-            sigmas=sigmas,
-            # the tree structure, and the share of a flat rollout's model evaluations it needed
-            extras={"tree_ancestors": torch.cat(ancestors), "forward_fraction": forward_rows / (per_rank * r.num_steps)}
-            if ancestors else {},
-        )
+        return RolloutRequest(step=step, seed=self.core.run.seed, prompts=[group_prompts[g] for g in group_ids.tolist()],
+                              sample_ids=sample_ids, group_ids=group_ids, chunks=self.core.train.num_minibatches,
+                              settings=r, preference=preference)
+
+    def collect_rollout(self, step: int) -> Rollout:
+        """The rollout stage (``gyremedia_collect_rollout``): by default the policy samples the request itself."""
+        state = self.state
+        state.backbone.trainable_module().eval()
+        request = self.rollout_request(step)
+        rollout = state.plugins.hook.gyremedia_collect_rollout(state=state, request=request)
+        if request.preference is not None:  # what the advantages weigh the rewards by
+            rollout.extras["preference"] = request.preference
+        return rollout
 
     def start_scoring(self, rollout: Rollout) -> dict[str, Any]:
         """Decode the rollout and hand its media to the rewards' worker threads; returns at once."""
-        rollout.media = self.state.backbone.decode(rollout.final)
+        rollout.media = self.state.backbone.media(rollout)
         return self.scorer.submit(rollout.media, rollout.prompts)
 
     def score(self, rollout: Rollout, step: int, futures: dict[str, Any] | None = None) -> dict[str, float]:
@@ -298,8 +270,8 @@ class Trainer:
         Pareto run (each group's preference times the rewards' weights)."""
         matrix = torch.stack([rollout.rewards[s.name].float() for s in self.config.rewards], dim=1)
         weights = torch.tensor([s.weight for s in self.config.rewards])
-        if "preference" in rollout.conditions:
-            weights = rollout.conditions["preference"].float().cpu() * weights
+        if "preference" in rollout.extras:
+            weights = rollout.extras["preference"].float().cpu() * weights
         return matrix, weights
 
     def compute_advantages(self, rollout: Rollout) -> dict[str, float]:
@@ -316,12 +288,16 @@ class Trainer:
         """One optimizer step per minibatch; gradients accumulate over the objective's micro-steps."""
         state, acc, train = self.state, self.accelerator, self.core.train
         state.backbone.trainable_module().train()
-        ctx = ObjectiveContext(backbone=state.backbone, sampler=state.sampler,
-                               guidance_scale=self.core.rollout.guidance_scale, step=step, weighting=state.weighting)
+        ctx = ObjectiveContext(backbone=state.backbone, sampler=state.sampler, guidance_scale=self.core.rollout.guidance_scale,
+                               step=step, weighting=state.weighting, accelerator=acc, minibatches=train.num_minibatches,
+                               passes=train.num_iterations)
         size = len(rollout) // train.num_minibatches
         sums: dict[str, float] = {}
         count = skipped = 0
-        for begin in range(0, len(rollout), size):
+        prepare = getattr(state.objective, "prepare", None)
+        if callable(prepare):
+            prepare(ctx, rollout)
+        for begin in [b for _ in range(train.num_iterations) for b in range(0, len(rollout), size)]:
             batch = rollout.select(slice(begin, begin + size))
             micro_steps = state.objective.micro_steps(batch, step)
             not_finite: set[str] = set()

@@ -22,8 +22,12 @@ def test_missing_component_section(tmp_path, plugin_manager):
     path.write_text("data: {prompts: [x]}\n")
     with pytest.raises(ConfigError) as info:
         resolve_config(load_config(path), plugin_manager)
-    for section in ("backbone", "sampler", "objective", "rewards"):
+    for section in ("backbone", "objective", "rewards"):
         assert f"missing value for '{section}'" in str(info.value)
+    path.write_text("data: {prompts: [x]}\nbackbone: flow_matching\nobjective: nft\nrewards: [jpeg_compressibility]\n")
+    with pytest.raises(ConfigError, match="missing value for 'sampler': backbone 'flow_matching' takes its denoising "
+                                          "steps from a sampler: choose one of cps, dance_sde"):
+        resolve_config(load_config(path), plugin_manager)
 
 
 def test_every_error_is_reported_at_once(make_config):

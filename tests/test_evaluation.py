@@ -47,4 +47,7 @@ def test_in_group_diversity_is_zero_for_identical_answers_and_grows_with_spread(
     spread = same.clone()
     spread[1] += 0.5  # the two "a" answers differ by 0.5 everywhere; the "b" ones are equal
     assert in_group_diversity(Media("image", spread), prompts) == pytest.approx(0.25)
-    assert math.isnan(in_group_diversity(Media("text", ["x", "y"]), ["a", "a"]))
+    # text: the share of a prompt's answers beyond the first that are distinct
+    texts = Media("text", ["x", "y", "z", "z", "z", "w"])
+    assert in_group_diversity(texts, ["a", "a", "b", "b", "b", "c"]) == pytest.approx((1.0 + 0.0) / 2)
+    assert math.isnan(in_group_diversity(Media("text", ["x"]), ["a"]))

@@ -459,3 +459,26 @@ def test_a_second_signal_exits_at_once(make_config, monkeypatch):
         handler(signal.SIGINT, None)
     assert exits == [130]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after the run
+
+
+def test_a_plugin_takes_the_rollout_stage_over_and_may_defer_to_the_policy(make_config):
+    class EveryOtherStep:
+        """Collects odd steps itself (here: the policy's rollout with its samples reversed); defers on even ones."""
+
+        def __init__(self) -> None:
+            self.requests = []
+
+        @hookimpl(tryfirst=True)
+        def gyremedia_collect_rollout(self, state, request):
+            self.requests.append((request.step, list(request.sample_ids.tolist())))
+            if request.step % 2 == 0:
+                return None
+            rollout = state.backbone.collect_rollout(request, state.sampler)
+            return rollout.select(list(range(len(rollout)))[::-1])
+
+    plugin = EveryOtherStep()
+    pm = PluginManager(extra_plugins=[plugin])
+    trainer = Trainer(make_config(plugins=pm), pm)
+    trainer.train()
+    assert plugin.requests == [(0, list(range(8))), (1, list(range(8)))]
+    assert trainer.state.rollout.sample_ids.tolist() == list(range(8))[::-1]  # step 1's rollout was the plugin's

@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 
 from gyremedia import hookimpl
+from gyremedia.backbones.denoising import DenoisingPolicy
 from gyremedia.backbones.tiny_sd3 import TinySD3Options, build_tiny_sd3_pipeline
 from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolicy
 from gyremedia.interfaces import BuildContext
@@ -46,7 +47,7 @@ class FlowMatchingOptions:
 PREFERENCE_FILE = "preference_embedder.safetensors"
 
 
-class FlowMatchingBackbone(TransformerPolicy):
+class FlowMatchingBackbone(TransformerPolicy, DenoisingPolicy):
     """An SD3-family pipeline seen as a policy over denoising transitions."""
 
     media_kind = "image"

@@ -1,9 +1,12 @@
-"""The training plumbing every diffusers-transformer backbone shares: full or LoRA training, the frozen
-reference policy, checkpointed weights, and noise levels from the backbone's flow-matching scheduler."""
+"""The training plumbing every backbone built on one transformer shares (a diffusers transformer or a
+transformers language model): full or LoRA training through peft, the frozen reference policy,
+checkpointed weights and the adapters merged for export."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -25,15 +28,15 @@ class LoraOptions:
 
 
 class TransformerPolicy:
-    """Base of a backbone whose policy is one diffusers transformer (``self.transformer``).
+    """Base of a backbone whose policy is one transformer (``self.transformer``): a diffusers model or a
+    transformers one, both of which take peft adapters the same way (``add_adapter``, ``disable_adapters``).
 
-    A subclass sets ``transformer`` and ``scheduler``, then calls :meth:`_prepare_training`; it runs
-    the model through :meth:`_forward`, which picks the training wrapper, the plain module or the
-    reference. Extra trainable submodules (``_extra_trainable``) checkpoint beside LoRA adapters.
+    A subclass sets ``transformer``, then calls :meth:`_prepare_training`; it runs the model through
+    :meth:`_forward`, which picks the training wrapper, the plain module or the reference. Extra
+    trainable submodules (``_extra_trainable``) checkpoint beside LoRA adapters.
     """
 
     transformer: torch.nn.Module
-    scheduler: object
     device: torch.device
 
     def _prepare_training(self, lora: LoraOptions, gradient_checkpointing: bool) -> None:
@@ -41,17 +44,22 @@ class TransformerPolicy:
         self.lora_enabled = lora.enabled
         self._reference_transformer: torch.nn.Module | None = None
         if lora.enabled:
-            from peft import LoraConfig
+            from peft import LoraConfig, inject_adapter_in_model
 
             self.transformer.requires_grad_(False)
-            self.transformer.add_adapter(LoraConfig(r=lora.rank, lora_alpha=lora.alpha,
-                                                    target_modules=list(lora.target_modules),
-                                                    init_lora_weights="gaussian"))
+            config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
+                                init_lora_weights="gaussian")
+            # peft's own injection, the same for diffusers and transformers models (their add_adapter wrappers
+            # pin different peft versions); the config is kept where both libraries and peft look for it.
+            inject_adapter_in_model(config, self.transformer, adapter_name="default")
+            self.transformer.peft_config = {"default": config}
+            self.transformer._hf_peft_config_loaded = True
             for p in self.transformer.parameters():
                 if p.requires_grad:
                     p.data = p.data.float()
-        if gradient_checkpointing:
-            self.transformer.enable_gradient_checkpointing()
+        if gradient_checkpointing:  # diffusers' name, then transformers'
+            enable = getattr(self.transformer, "enable_gradient_checkpointing", None)
+            (enable or self.transformer.gradient_checkpointing_enable)()
         self._training_module: torch.nn.Module = self.transformer
 
     def _extra_trainable(self) -> dict[str, torch.nn.Module]:
@@ -93,12 +101,6 @@ class TransformerPolicy:
         if getattr(result, "unexpected_keys", None):
             raise ValueError(f"checkpoint has adapter weights this model lacks: {result.unexpected_keys[:5]}")
 
-    def sigmas(self, num_steps: int) -> torch.Tensor:
-        """The scheduler's ``num_steps + 1`` noise levels, from 1 down to 0."""
-        scheduler = copy.deepcopy(self.scheduler)
-        scheduler.set_timesteps(num_steps, device=self.device)
-        return scheduler.sigmas.float()
-
     def _forward(self, reference: bool, **inputs) -> torch.Tensor:
         """The transformer's output for ``inputs``: the training wrapper when gradients are on, the
         frozen reference (no gradients) when ``reference``."""
@@ -110,17 +112,41 @@ class TransformerPolicy:
                 return self._reference_transformer(**inputs, return_dict=False)[0]
             if not self.lora_enabled:
                 raise RuntimeError("the reference policy was not kept: call enable_reference() before training")
-            self.transformer.disable_adapters()
-            try:
+            with adapters_disabled(self.transformer):
                 return self.transformer(**inputs, return_dict=False)[0]
-            finally:
-                self.transformer.enable_adapters()
 
     def _merged_transformer(self) -> torch.nn.Module:
         """The transformer with LoRA adapters folded in (a copy), or itself without LoRA."""
-        if not self.lora_enabled:
-            return self.transformer
-        merged = copy.deepcopy(self.transformer)
-        merged.fuse_lora()
-        merged.unload_lora()  # drops the adapter layers, keeping the fused weights
-        return merged
+        return merge_adapters(self.transformer) if self.lora_enabled else self.transformer
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block ``model`` computes as its base model: every peft adapter layer switched off."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+def merge_adapters(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` with every peft adapter folded into its base layer and the adapter layers
+    removed, so it saves as the stock architecture (a diffusers or a transformers model alike)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    merged = copy.deepcopy(model)
+    for name, module in list(merged.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+            parent, _, leaf = name.rpartition(".")
+            setattr(merged.get_submodule(parent) if parent else merged, leaf, module.get_base_layer())
+    merged._hf_peft_config_loaded = False  # the libraries' flag that adapters are attached
+    if hasattr(merged, "peft_config"):
+        del merged.peft_config
+    return merged

@@ -146,6 +146,7 @@ class ForwardProcessObjective:
     """
 
     name = "forward_process"
+    transitions = "denoising"  # it re-noises the final states
     kl_regularizer = "velocity_kl"  # what `kl_beta` selects
 
     def __init__(self, options: ForwardProcessOptions, context) -> None:

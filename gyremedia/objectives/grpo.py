@@ -4,6 +4,8 @@ For each trained transition i of sample b, with advantage A_b and r = pi_theta /
 
     L = mean_b,i max(-A_b r, -A_b clip(r, 1 - eps, 1 + eps))  +  beta * KL(pi_theta || pi_ref)
 
+(``clipped_ratio_loss``, the same function token GRPO uses).
+
 The KL term is the ``gaussian_kl`` regularizer: ``kl_beta`` is a shortcut that selects it with that
 weight (see its module for the exact form and Flow-GRPO's scaling).
 """
@@ -17,6 +19,7 @@ import torch
 from gyremedia import hookimpl
 from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext, Transition
 from gyremedia.rollout import Rollout
+from gyremedia.objectives.clipped_ratio import clipped_ratio_loss
 from gyremedia.options import option
 from gyremedia.sampling import replay_transition
 from gyremedia.streams import Stream, stream_rng
@@ -36,6 +39,7 @@ class GRPOObjective:
     """The clipped-ratio policy gradient over a rollout's recorded transitions."""
 
     requires_log_prob = True
+    transitions = "denoising"  # it replays sampler steps
     kl_regularizer = "gaussian_kl"  # what `kl_beta` selects
 
     def __init__(self, options: GRPOOptions, context: BuildContext) -> None:
@@ -83,10 +87,8 @@ class GRPOObjective:
         rollout = rollout if rows is None else rollout.select(rows)
         advantages = advantages.clamp(-self.options.adv_clip_max, self.options.adv_clip_max)
         log_ratio = transition.log_prob - rollout.log_probs[:, micro_step]
-        ratio = torch.exp(log_ratio)
-        unclipped = -advantages * ratio
-        clipped = -advantages * ratio.clamp(1 - eps, 1 + eps)
-        policy_loss = torch.maximum(unclipped, clipped).mean()
+        per_sample, ratio = clipped_ratio_loss(log_ratio, advantages, eps, eps)
+        policy_loss = per_sample.mean()
         metrics = {
             "policy_loss": policy_loss.detach(),
             "ratio": ratio.detach().mean(),

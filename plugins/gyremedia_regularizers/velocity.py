@@ -82,6 +82,7 @@ class VelocityNormHinge:
     """Penalty on velocity-norm inflation over the reference."""
 
     needs_reference = True
+    transitions = "denoising"
     name = "velocity_norm_hinge"
 
     def __init__(self, options: NormHingeOptions, context: BuildContext | None = None) -> None:
@@ -129,6 +130,7 @@ class VelocityKL(RewardAdaptiveStrength):
     """``||v - v_ref||^2``, averaged over dimensions and samples (times the adaptive scale)."""
 
     needs_reference = True
+    transitions = "denoising"
 
     def __init__(self, options: VelocityKLOptions, context: BuildContext | None = None) -> None:
         super().__init__(options, context)
@@ -145,6 +147,7 @@ class GaussianKL(RewardAdaptiveStrength):
 
     needs_reference = True
     requires_log_prob = True
+    transitions = "denoising"
 
     def __init__(self, options: GaussianKLOptions, context: BuildContext | None = None) -> None:
         super().__init__(options, context)

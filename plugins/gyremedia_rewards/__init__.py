@@ -8,6 +8,7 @@ from gyremedia import hookimpl
 from gyremedia_rewards.clip import ClipOptions, ClipScore, ClipSteering, ClipSteeringOptions
 from gyremedia_rewards.compressibility import JpegCompressibility, JpegOptions
 from gyremedia_rewards.ocr import OcrOptions, OcrReward
+from gyremedia_rewards.text import FormatOptions, FormatReward, LengthPenalty, LengthPenaltyOptions
 from gyremedia_rewards.vlm_judge import VlmJudge, VlmJudgeOptions
 
 
@@ -21,5 +22,9 @@ def gyremedia_register_rewards(register):
              description="CLIP steering safety reward: the prompt's similarity moved toward positive, away from negative texts")
     register("ocr", OcrReward, options=OcrOptions,
              description="1 - normalised edit distance between the prompt's quoted text and the OCR reading (PP-OCR or Tesseract)")
+    register("format", FormatReward, options=FormatOptions,
+             description="text: 1 when the completion matches a regular expression")
+    register("length_penalty", LengthPenalty, options=LengthPenaltyOptions,
+             description="text: DAPO's soft overlong punishment, 0 below max_length - cache, down to -1 at max_length")
     register("vlm_judge", VlmJudge, options=VlmJudgeOptions,
              description="a vision-language model behind an OpenAI-compatible server grades each image by a rubric")

@@ -1,7 +1,8 @@
 """VLM-as-judge reward: an OpenAI-compatible chat-completions client (vLLM, SGLang, hosted APIs).
 
 Each image goes to ``{base_url}/chat/completions`` as a PNG data URL beside a rubric naming the
-prompt; the first number in the reply, divided by ``max_score``, is the score. Requests run
+prompt; a text completion (a token policy's) goes inside ``text_rubric`` beside its prompt, so the
+same client is an LLM judge. The first number in the reply, divided by ``max_score``, is the score. Requests run
 ``max_concurrency`` at a time; connection errors, timeouts, HTTP 429/5xx and unparseable replies
 are retried with exponential backoff. A sample whose retries run out gets a NaN score, which the
 reward's ``on_failure`` policy turns into a clear error (``fail``) or a dropped sample (``drop``).
@@ -43,6 +44,10 @@ class VlmJudgeOptions:
     rubric: str = option("Does this image match the description: \"{prompt}\"? Rate it from 0 (not at all) to 10 "
                          "(perfectly). Answer with the number only.", help="the question; {prompt} is the sample's prompt",
                          check=lambda v: None if "{prompt}" in v else "must contain {prompt}, where the sample's prompt goes")
+    text_rubric: str = option("Here is a request and an answer to it.\n\nRequest: {prompt}\n\nAnswer: {completion}\n\n"
+                              "Rate the answer from 0 (useless or wrong) to 10 (correct and helpful). Answer with the "
+                              "number only.", help="the question for text media; {prompt} and {completion} are filled in",
+                              check=lambda v: None if "{completion}" in v else "must contain {completion}, where the answer goes")
     score_pattern: str = option(r"-?\d+(?:\.\d+)?", help="the first match in the reply is the raw score",
                                 check=lambda v: _regex_error(v))
     max_score: float = option(10.0, gt=0, help="raw scores are divided by this")
@@ -75,9 +80,9 @@ def image_data_url(image: torch.Tensor) -> str:
 
 
 class VlmJudge:
-    """Asks a vision-language model to grade each image against its prompt."""
+    """Asks a vision-language model to grade each image (or a language model each text) against its prompt."""
 
-    kinds = {"image"}
+    kinds = {"image", "text"}
 
     def __init__(self, options: VlmJudgeOptions, context: BuildContext | None = None) -> None:
         self.options = options
@@ -85,13 +90,17 @@ class VlmJudge:
         self.url = options.base_url.rstrip("/") + "/chat/completions"
         self.api_key = os.environ.get(options.api_key_env, "")
 
-    def _request(self, prompt: str, data_url: str) -> str:
+    def message(self, prompt: str, sample: torch.Tensor | str) -> list[dict]:
+        """The user message's content for one sample: the image and the rubric, or the text rubric."""
+        if isinstance(sample, str):
+            return [{"type": "text", "text": self.options.text_rubric.format(prompt=prompt, completion=sample)}]
+        return [{"type": "image_url", "image_url": {"url": image_data_url(sample)}},
+                {"type": "text", "text": self.options.rubric.format(prompt=prompt)}]
+
+    def _request(self, content: list[dict]) -> str:
         body = {
             "model": self.options.model,
-            "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": data_url}},
-                {"type": "text", "text": self.options.rubric.format(prompt=prompt)},
-            ]}],
+            "messages": [{"role": "user", "content": content}],
             "max_tokens": self.options.max_tokens,
             "temperature": self.options.temperature,
         }
@@ -113,15 +122,16 @@ class VlmJudge:
             raise JudgeReplyError(f"no score in the reply {text[:200]!r}")
         return min(max(float(match.group(0)) / self.options.max_score, 0.0), 1.0)
 
-    def judge(self, prompt: str, data_url: str) -> float:
+    def judge(self, prompt: str, sample: torch.Tensor | str) -> float:
         """One sample's score, retried with backoff; NaN when every attempt failed."""
+        content = self.message(prompt, sample)
         delay, problem = self.options.backoff, ""
         for attempt in range(self.options.max_retries + 1):
             if attempt:
                 time.sleep(delay)
                 delay *= 2
             try:
-                return self.parse(self._request(prompt, data_url))
+                return self.parse(self._request(content))
             except urllib.error.HTTPError as exc:
                 if exc.code != 429 and exc.code < 500:  # the request itself is wrong: retrying cannot help
                     raise RuntimeError(f"judge at {self.url} refused the request: HTTP {exc.code} "
@@ -134,7 +144,6 @@ class VlmJudge:
         return math.nan
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
-        urls = [image_data_url(image) for image in media.data]
         with ThreadPoolExecutor(max_workers=self.options.max_concurrency) as pool:
-            scores = list(pool.map(self.judge, prompts, urls))
+            scores = list(pool.map(self.judge, prompts, list(media.data)))
         return {"score": torch.tensor(scores, dtype=torch.float32)}

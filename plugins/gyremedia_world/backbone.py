@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gyremedia.backbones.denoising import DenoisingPolicy
 from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolicy
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import existing_folder, option
@@ -68,7 +69,7 @@ def build_tiny_world(options: TinyWorldOptions):
     return transformer, FlowMatchEulerDiscreteScheduler(shift=1.0), world
 
 
-class VideoWorldBackbone(TransformerPolicy):
+class VideoWorldBackbone(TransformerPolicy, DenoisingPolicy):
     """A video world model seen as a policy over denoising transitions of one clip."""
 
     media_kind = "video"

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gyremedia.evaluation import generate, nanmean, score
+from gyremedia.evaluation import nanmean, score
 from gyremedia.interfaces import BuildContext
 from gyremedia.sampling import renoise
 from gyremedia_samplers.ode import EulerODESampler
@@ -47,7 +47,7 @@ def write_prompt_files(out: Path) -> tuple[list[str], list[str]]:
 def evaluate(backbone: VideoWorldBackbone, rewards: dict, prompts: list[str], seed: int = 1234) -> dict[str, float]:
     """Mean reward components of one clip per prompt, generated with 10 Euler steps."""
     backbone.transformer.eval()
-    media, _ = generate(backbone, EulerODESampler(), prompts, seed=seed, num_steps=10, guidance_scale=1.0)
+    media = backbone.generate(prompts, seed=seed, sampler=EulerODESampler(), num_steps=10, guidance_scale=1.0).media
     backbone.transformer.train()
     return {k: nanmean(v) for k, v in score(rewards, media, prompts).items()}
 

@@ -1,7 +1,7 @@
 """A real OpenAI-compatible chat-completions server on loopback, for the vlm_judge tests.
 
 Run as ``python judge_server.py``: prints its port, then serves until killed. It grades an image by
-its mean brightness (0-10). Words in the rubric's prompt choose a misbehaviour:
+its mean brightness (0-10), a text answer by its number of words (at most 10). Words in the rubric's prompt choose a misbehaviour:
 ``slow`` sleeps 3 s; ``flaky`` answers HTTP 500 to the first request for that prompt; ``busy``
 answers 429 once; ``garbage`` answers prose without a number; ``badrequest`` answers 400.
 ``GET /stats`` reports the request count and the most requests ever in flight at once.
@@ -49,8 +49,8 @@ class Judge(BaseHTTPRequestHandler):
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         content = request["messages"][0]["content"]
         text = next(part["text"] for part in content if part["type"] == "text")
-        url = next(part["image_url"]["url"] for part in content if part["type"] == "image_url")
-        prompt = re.search(r'"(.*)"', text).group(1)
+        url = next((part["image_url"]["url"] for part in content if part["type"] == "image_url"), None)
+        prompt = re.search(r'"(.*)"', text).group(1) if url else re.search(r"Request: (.*)", text).group(1)
         with lock:
             stats["requests"] += 1
             stats["in_flight"] += 1
@@ -65,8 +65,11 @@ class Judge(BaseHTTPRequestHandler):
             return self.reply(500, {"error": "internal"})
         if "busy" in prompt and attempt == 1:
             return self.reply(429, {"error": "rate limited"})
-        image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
-        score = round(float(np.asarray(image, dtype=np.float32).mean() / 255 * 10), 1)
+        if url is None:  # a text answer: its grade is the number of words in it, at most 10
+            score = min(len(re.search(r"Answer: (.*)", text).group(1).split()), 10)
+        else:
+            image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+            score = round(float(np.asarray(image, dtype=np.float32).mean() / 255 * 10), 1)
         answer = "I would rather not say." if "garbage" in prompt else f"{score}"
         self.reply(200, {"choices": [{"message": {"role": "assistant", "content": answer}}]})
 

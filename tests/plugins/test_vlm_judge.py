@@ -93,3 +93,9 @@ def test_unreachable_server_gives_nan_not_zero():
 
 def test_rubric_must_name_the_prompt():
     assert "must contain {prompt}" in validate(VlmJudgeOptions(rubric="Rate this image."))[0]
+
+
+def test_text_answers_are_judged_as_an_llm_judge(server):
+    reward = judge(server)
+    scores = reward(Media("text", ["one two three", "a b c d e f g"]), ["count", "letters"])["score"]
+    torch.testing.assert_close(scores, torch.tensor([0.3, 0.7]), atol=1e-6, rtol=0)

@@ -1,0 +1,262 @@
+"""Token policies: a transformers causal language model as a policy whose transitions are sampled tokens.
+
+Loads ``AutoModelForCausalLM`` + ``AutoTokenizer`` from a local folder or hub id. A rollout is the
+left-padded prompts and the completions sampled from them with a KV cache; each token is drawn by
+the Gumbel-max trick from noise that depends on ``(seed, step, sample id)`` alone, so a sample is the
+same on one process or many and after a resume. The log-prob of every sampled token under the
+sampling distribution (temperature, then top-k / top-p) is recorded in fp32; the trainer recomputes
+them at the sampling temperature (:meth:`CausalLMBackbone.token_log_probs`), as TRL does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from gyremedia import hookimpl
+from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolicy, merge_adapters
+from gyremedia.interfaces import BuildContext, Generated, RolloutRequest
+from gyremedia.options import option, pretrained_source
+from gyremedia.rollout import Media, Rollout
+from gyremedia.streams import Stream, sample_generators
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class CausalLMOptions:
+    pretrained: str = option(check=pretrained_source, help="a causal LM folder (model and tokenizer) or hub id")
+    dtype: Literal["float32", "bfloat16", "float16"] = option("float32", help="the model's weights")
+    lora: LoraOptions = field(default_factory=lambda: LoraOptions(target_modules=["q_proj", "k_proj", "v_proj",
+                                                                                  "o_proj"]))
+    gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
+    max_new_tokens: int = option(64, ge=1, help="longest completion, in tokens")
+    temperature: float = option(1.0, gt=0, help="sampling temperature of rollouts (and of the trained log-probs)")
+    top_p: float = option(1.0, gt=0, le=1, help="nucleus sampling: keep the smallest set of tokens with this mass")
+    top_k: int = option(0, ge=0, help="keep the k likeliest tokens; 0 keeps all")
+    stop: list[str] = option(default_factory=list, help="a completion ends after the first of these strings")
+    chat_template: bool = option(True, help="wrap each prompt in the tokenizer's chat template, if it has one")
+    eval_temperature: float = option(0.0, ge=0, help="temperature of evaluation samples; 0 decodes greedily")
+    batch_size: int = option(64, ge=1, help="prompts generated at once in evaluation")
+
+
+class CausalLMBackbone(TransformerPolicy):
+    """A causal LM seen as a policy over tokens (``transitions = "tokens"``, media kind ``text``)."""
+
+    media_kind = "text"
+    transitions = "tokens"
+
+    def __init__(self, options: CausalLMOptions, context: BuildContext) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.options = options
+        self.device = context.device
+        self.tokenizer = AutoTokenizer.from_pretrained(options.pretrained)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:  # many chat models ship without one: pad with the end token
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.transformer = AutoModelForCausalLM.from_pretrained(options.pretrained, dtype=DTYPES[options.dtype])
+        self.transformer.to(self.device)
+        self.transformer.generation_config.pad_token_id = self.tokenizer.pad_token_id
+        self._prepare_training(options.lora, options.gradient_checkpointing)
+        self.max_new_tokens = options.max_new_tokens
+        self.temperature = options.temperature
+
+    # ------------------------------------------------------------------ tokens
+
+    def _texts(self, prompts: list[str]) -> list[str]:
+        """The prompts as the model reads them: in its chat template when it has one (and it is asked for)."""
+        if not (self.options.chat_template and getattr(self.tokenizer, "chat_template", None)):
+            return list(prompts)
+        return [self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                   add_generation_prompt=True) for p in prompts]
+
+    def _tokenize(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids and their attention mask, ``[B, P]``."""
+        batch = self.tokenizer(self._texts(prompts), return_tensors="pt", padding=True)
+        return batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
+
+    def _logits(self, ids: torch.Tensor, attention: torch.Tensor, *, reference: bool = False,
+                past=None, use_cache: bool = False):
+        """The model's logits (and cache) for ``ids``; positions count only attended tokens (left padding)."""
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+        if use_cache:
+            out = self.transformer(input_ids=ids, attention_mask=attention, position_ids=positions, cache=past,
+                                   use_cache=True)
+            return out.logits, out.cache
+        return self._forward(reference, input_ids=ids, attention_mask=attention, position_ids=positions,
+                             use_cache=False)
+
+    def _filter(self, scores: torch.Tensor) -> torch.Tensor:
+        """Temperature-scaled logits with everything outside top-k / top-p set to -inf."""
+        if self.options.top_k:
+            kth = scores.topk(min(self.options.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, -math.inf)
+        if self.options.top_p < 1:
+            ordered, order = scores.sort(dim=-1, descending=True)
+            mass = ordered.softmax(-1).cumsum(-1)
+            beyond = mass - ordered.softmax(-1) >= self.options.top_p  # the nucleus is full before them
+            scores = scores.masked_fill(torch.zeros_like(beyond).scatter(-1, order, beyond), -math.inf)
+        return scores
+
+    @torch.no_grad()
+    def _sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generators: list[torch.Generator] | None,
+                temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Completions ``[B, T]`` (pad after the end), their log-probs under the sampling distribution, their
+        mask, and which ones ``max_new_tokens`` cut off ``[B]``. ``generators`` None (or ``temperature`` 0)
+        decodes greedily."""
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        logits, past = self._logits(prompt_ids, prompt_mask, use_cache=True)
+        attention, done = prompt_mask, torch.zeros(len(prompt_ids), dtype=torch.bool, device=self.device)
+        tokens, log_probs, alive = [], [], []
+        for _ in range(self.max_new_tokens):
+            scores = logits[:, -1].float()
+            if generators is None or temperature == 0:
+                token = scores.argmax(-1)
+                log_prob = torch.zeros(len(token), device=self.device)
+            else:
+                scores = self._filter(scores / temperature)
+                uniform = torch.stack([torch.rand(scores.shape[-1], generator=g) for g in generators]).to(self.device)
+                gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1 - 1e-7)))
+                token = (scores + gumbel).argmax(-1)  # an exact draw from softmax(scores)
+                log_prob = scores.log_softmax(-1).gather(-1, token[:, None])[:, 0]
+            tokens.append(torch.where(done, pad, token))
+            log_probs.append(torch.where(done, 0.0, log_prob))
+            alive.append(~done)
+            done = done | (token == eos) | self._stopped(torch.stack(tokens, dim=1), done)
+            if done.all():
+                break
+            attention = torch.cat([attention, alive[-1].long()[:, None]], dim=1)
+            logits, past = self._logits(tokens[-1][:, None], attention, past=past, use_cache=True)
+        return torch.stack(tokens, dim=1), torch.stack(log_probs, dim=1), torch.stack(alive, dim=1), ~done
+
+    def _stopped(self, tokens: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """Which rows' completions now contain a stop string."""
+        if not self.options.stop:
+            return torch.zeros_like(done)
+        texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        return torch.tensor([any(s in text for s in self.options.stop) for text in texts], device=done.device)
+
+    # ------------------------------------------------------------------ policy stages
+
+    def collect_rollout(self, request: RolloutRequest, sampler=None) -> Rollout:
+        """Sample one completion per prompt, in the chunks training replays: ``states`` holds the prompt and
+        completion ids ``[B, P+T]``, ``log_probs`` / ``mask`` the completion's ``[B, T]``."""
+        prompt_ids, prompt_mask = self._tokenize(request.prompts)
+        chunk = len(request.prompts) // request.chunks
+        parts = []
+        for begin in range(0, len(request.prompts), chunk):
+            span = slice(begin, begin + chunk)
+            generators = sample_generators(request.seed, request.step, Stream.GENERATION,
+                                           request.sample_ids[span].tolist())
+            parts.append(self._sample(prompt_ids[span], prompt_mask[span], generators, self.temperature))
+        width = max(p[0].shape[1] for p in parts)
+        pad = self.tokenizer.pad_token_id
+        completion = torch.cat([F.pad(p[0], (0, width - p[0].shape[1]), value=pad) for p in parts])
+        log_probs = torch.cat([F.pad(p[1], (0, width - p[1].shape[1])) for p in parts])
+        mask = torch.cat([F.pad(p[2], (0, width - p[2].shape[1])) for p in parts])
+        return Rollout(prompts=list(request.prompts), sample_ids=request.sample_ids, group_ids=request.group_ids,
+                       conditions={"prompt_mask": prompt_mask}, states=torch.cat([prompt_ids, completion], dim=1),
+                       log_probs=log_probs, mask=mask,
+                       extras={"prompt_length": prompt_ids.shape[1], "truncated": torch.cat([p[3] for p in parts])})
+
+    def token_log_probs(self, rollout: Rollout, *, reference: bool = False) -> torch.Tensor:
+        """``[B, T]`` fp32 log-probs of the completion tokens at the sampling temperature (0 where masked)."""
+        length = rollout.extras["prompt_length"]
+        attention = torch.cat([rollout.conditions["prompt_mask"], rollout.mask.long()], dim=1)
+        logits = self._logits(rollout.states, attention, reference=reference)[:, length - 1:-1].float()
+        log_probs = (logits / self.temperature).log_softmax(-1).gather(-1, rollout.states[:, length:, None])[..., 0]
+        return log_probs * rollout.mask
+
+    def _completions(self, completion: torch.Tensor, mask: torch.Tensor) -> list[str]:
+        return self.tokenizer.batch_decode(completion.masked_fill(~mask.bool(), self.tokenizer.pad_token_id),
+                                           skip_special_tokens=True)
+
+    def media(self, rollout: Rollout) -> Media:
+        """The completions as text (special tokens dropped)."""
+        return Media("text", self._completions(rollout.states[:, rollout.extras["prompt_length"]:], rollout.mask))
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], *, seed: int, sampler=None, num_steps: int = 0, guidance_scale: float = 1.0,
+                 preference: torch.Tensor | None = None) -> Generated:
+        """One completion per prompt at ``eval_temperature`` (greedy at 0), sample ``i`` seeded by ``(seed, i)``.
+        Extras: the rollout-shaped ids the reference drift reads."""
+        temperature, size = self.options.eval_temperature, self.options.batch_size
+        texts, rollouts = [], []
+        for begin in range(0, len(prompts), size):
+            chunk = prompts[begin:begin + size]
+            ids, attention = self._tokenize(chunk)
+            generators = sample_generators(seed, 0, Stream.GENERATION, list(range(begin, begin + len(chunk))))
+            completion, _, mask, _ = self._sample(ids, attention, generators if temperature else None, temperature)
+            texts += self._completions(completion, mask)
+            rollouts.append(Rollout(prompts=chunk, sample_ids=torch.arange(len(chunk)), group_ids=torch.arange(len(chunk)),
+                                    conditions={"prompt_mask": attention}, states=torch.cat([ids, completion], dim=1),
+                                    mask=mask, extras={"prompt_length": ids.shape[1]}))
+        return Generated(Media("text", texts), {"rollouts": rollouts})
+
+    @torch.no_grad()
+    def reference_drift(self, prompts: list[str], generated: Generated, *, levels: int = 0, guidance_scale: float = 1.0,
+                        preference: torch.Tensor | None = None) -> float:
+        """Mean per-token ``KL(pi || pi_ref)`` over the evaluation completions (exact, over the vocabulary)."""
+        total = count = 0.0
+        for rollout in generated.extras["rollouts"]:
+            length = rollout.extras["prompt_length"]
+            attention = torch.cat([rollout.conditions["prompt_mask"], rollout.mask.long()], dim=1)
+            policy = (self._logits(rollout.states, attention)[:, length - 1:-1].float() / self.temperature).log_softmax(-1)
+            ref = (self._logits(rollout.states, attention, reference=True)[:, length - 1:-1].float()
+                   / self.temperature).log_softmax(-1)
+            kl = (policy.exp() * (policy - ref)).sum(-1)
+            total += float((kl * rollout.mask).sum())
+            count += float(rollout.mask.sum())
+        return total / max(count, 1.0)
+
+    # ------------------------------------------------------------------ export
+
+    def save_pretrained(self, out_dir: Path, *, merge_lora: bool = True) -> None:
+        """A folder plain transformers loads without gyremedia, with the tokenizer and a README: the trained
+        model (``AutoModelForCausalLM.from_pretrained``), or under LoRA with ``merge_lora`` false the adapters
+        alone in peft's format (``PeftModel.from_pretrained`` onto the base named in adapter_config.json)."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.tokenizer.save_pretrained(out_dir)
+        if self.lora_enabled and not merge_lora:
+            from peft import get_peft_model_state_dict
+            from safetensors.torch import save_file
+
+            config = self.transformer.peft_config["default"]
+            config.base_model_name_or_path = self.options.pretrained
+            config.save_pretrained(out_dir)
+            save_file({k: v.contiguous() for k, v in get_peft_model_state_dict(self.transformer).items()},
+                      str(out_dir / "adapter_model.safetensors"))
+            load = ADAPTERS.format(base=self.options.pretrained, folder=out_dir)
+        else:
+            (merge_adapters(self.transformer) if self.lora_enabled else self.transformer).save_pretrained(out_dir)
+            load = MODEL.format(folder=out_dir)
+        (out_dir / "README.md").write_text(USAGE.format(load=load, folder=out_dir))
+
+
+MODEL = 'model = AutoModelForCausalLM.from_pretrained("{folder}")'
+ADAPTERS = ('from peft import PeftModel\n\nmodel = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{base}"), '
+            '"{folder}")  # the LoRA adapters alone')
+USAGE = """# Trained with gyremedia
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+{load}
+tokenizer = AutoTokenizer.from_pretrained("{folder}")
+inputs = tokenizer(["47+385="], return_tensors="pt")
+print(tokenizer.decode(model.generate(**inputs, max_new_tokens=8, do_sample=False)[0]))
+```
+"""
+
+
+@hookimpl
+def gyremedia_register_backbones(register):
+    register("causal_lm", CausalLMBackbone, options=CausalLMOptions,
+             description="a transformers causal LM as a token policy (KV-cache sampling, full or LoRA)")

@@ -1,0 +1,39 @@
+"""The KL of a token policy to its reference (the base model: adapters off under LoRA, else a frozen copy).
+
+Per completion token, with ``d = log pi_ref - log pi_theta``, the k3 estimator of ``KL(pi_theta || pi_ref)``
+
+    k3 = exp(d) - d - 1            (>= 0, unbiased under pi_theta's samples, low variance; Schulman 2020)
+
+aggregated over tokens exactly as the objective aggregates its own (``outputs["aggregate"]``), so
+``loss + beta * kl`` is TRL's ``per_token_loss + beta * per_token_kl`` for every loss type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gyremedia.interfaces import LossOutput
+
+
+def k3(log_probs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Per-token ``exp(d) - d - 1`` with ``d = reference - log_probs``."""
+    delta = reference - log_probs
+    return torch.exp(delta) - delta - 1
+
+
+class TokenKL:
+    """k3 KL to the reference, per token, aggregated like the objective's loss."""
+
+    needs_reference = True
+    transitions = "tokens"
+
+    def __init__(self, context: Any = None) -> None:
+        pass
+
+    def __call__(self, *, state, rollout, outputs) -> LossOutput:
+        with torch.no_grad():
+            reference = state.backbone.token_log_probs(rollout, reference=True)
+        kl = outputs["aggregate"](k3(outputs["log_probs"], reference))
+        return LossOutput(loss=kl, metrics={"kl": kl.detach()})

@@ -1,0 +1,188 @@
+"""The token policy (causal_lm) through the same core: rollouts, replayed log-probs, on-policy ratios,
+the k3 KL, export, and the config's refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gyremedia.config import ConfigError, load_config, resolve_config
+from gyremedia.interfaces import BuildContext, RolloutRequest
+from gyremedia.plugins import PluginManager
+from gyremedia.trainer import Trainer
+
+LLM_YAML = """
+run: {output_dir: RUN_DIR, seed: 0}
+backbone: {name: causal_lm, pretrained: MODEL_DIR, max_new_tokens: 4}
+objective: {name: token_grpo}
+rewards: [{name: format, pattern: '[0-9]', mode: search}]
+data: {prompts: ['1+2=', '12+345=', '7+8=']}
+rollout: {batch_size: 8, group_size: 4}
+train: {steps: 2, learning_rate: 0.01}
+checkpoint: {every: 1}
+eval: {samples: 6, grid_size: 6}
+export: {on_train_end: false}
+logging: {loggers: [jsonl], progress: false}
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory) -> Path:
+    """A random tiny Qwen2 with the addition task's character tokenizer, saved as a stock folder."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from gyremedia_text.pretrain import build_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny_lm")
+    tokenizer = build_tokenizer(["0123456789+="])
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def llm_yaml(tmp_path, tiny_lm) -> Path:
+    path = tmp_path / "llm.yaml"
+    path.write_text(LLM_YAML.replace("RUN_DIR", str(tmp_path / "run")).replace("MODEL_DIR", str(tiny_lm)))
+    return path
+
+
+@pytest.fixture
+def make_llm_config(llm_yaml, plugin_manager):
+    def make(*overrides: str, plugins: PluginManager | None = None):
+        return resolve_config(load_config(llm_yaml, list(overrides)), plugins or plugin_manager)
+
+    return make
+
+
+def backbone(make_llm_config, *overrides: str):
+    config = make_llm_config(*overrides)
+    return PluginManager().build(config.backbone, BuildContext(device=torch.device("cpu")))
+
+
+def request(prompts: list[str], chunks: int = 1, step: int = 0) -> RolloutRequest:
+    ids = torch.arange(len(prompts))
+    return RolloutRequest(step=step, seed=0, prompts=prompts, sample_ids=ids, group_ids=ids // 2, chunks=chunks,
+                          settings=None)
+
+
+PROMPTS = ["1+2=", "123+456=", "7+8=", "99+1=", "5+5=", "321+9="]  # left padding: prompts of 4 to 8 tokens
+
+
+def test_replayed_log_probs_equal_the_rollouts_with_left_padding_and_mixed_lengths(make_llm_config):
+    policy = backbone(make_llm_config)
+    rollout = policy.collect_rollout(request(PROMPTS, chunks=2), None)
+    lengths = rollout.mask.sum(-1)
+    assert rollout.conditions["prompt_mask"].sum(-1).unique().numel() > 1  # the prompts were padded
+    assert lengths.unique().numel() > 1  # some completions ended early, others ran to max_new_tokens
+    with torch.no_grad():
+        replayed = policy.token_log_probs(rollout)
+    torch.testing.assert_close(replayed, rollout.log_probs * rollout.mask, atol=1e-5, rtol=0)
+    assert (rollout.log_probs[~rollout.mask] == 0).all()
+    # the same request samples the same completions; another step, others
+    assert torch.equal(policy.collect_rollout(request(PROMPTS, chunks=2), None).states, rollout.states)
+    assert not torch.equal(policy.collect_rollout(request(PROMPTS, chunks=2, step=1), None).states, rollout.states)
+
+
+def test_each_samples_tokens_depend_on_its_id_alone(make_llm_config):
+    policy = backbone(make_llm_config)
+    whole = policy.collect_rollout(request(PROMPTS), None)
+    halves = policy.collect_rollout(request(PROMPTS, chunks=3), None)
+    assert policy.media(whole).data == policy.media(halves).data
+
+
+def test_top_k_sampling_stays_in_the_top_k(make_llm_config):
+    policy = backbone(make_llm_config, "backbone.top_k=1")
+    rollout = policy.collect_rollout(request(PROMPTS), None)
+    greedy = policy.generate(PROMPTS, seed=0).media.data
+    assert policy.media(rollout).data == greedy  # top-1 sampling is greedy decoding
+
+
+def test_a_stop_string_ends_the_completion(make_llm_config):
+    policy = backbone(make_llm_config, "backbone.max_new_tokens=8")
+    texts = policy.media(policy.collect_rollout(request(PROMPTS * 2), None)).data
+    stop = next(c for c in "0123456789" if any(c in t for t in texts))
+    stopped = backbone(make_llm_config, "backbone.max_new_tokens=8", f"backbone.stop=['{stop}']")
+    for text in stopped.media(stopped.collect_rollout(request(PROMPTS * 2), None)).data:
+        assert stop not in text[:-1]  # nothing after the first stop string
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_first_update_is_on_policy_exactly_and_the_k3_kl_starts_at_zero(make_llm_config, tmp_path, lora):
+    config = make_llm_config(f"backbone.lora.enabled={lora}", "objective.kl_beta=0.1", "train.steps=1")
+    metrics = Trainer(config, PluginManager()).train().last_metrics
+    assert metrics["ratio"] == 1.0 and metrics["approx_kl"] == 0.0 and metrics["clip_fraction"] == 0.0
+    assert metrics["token_kl/kl"] == 0.0 and metrics["grad_norm"] > 0
+    later = make_llm_config(f"backbone.lora.enabled={lora}", "objective.kl_beta=0.1", "train.steps=3",
+                            "train.num_iterations=2", f"run.output_dir={tmp_path}/later")
+    metrics = Trainer(later, PluginManager()).train().last_metrics
+    assert metrics["token_kl/kl"] > 0  # the policy has moved away from the reference
+
+
+def test_resume_reproduces_an_uninterrupted_run(llm_yaml, tmp_path):
+    from gyremedia.cli import main
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(["train", str(llm_yaml), f"run.output_dir={straight}", "train.steps=3"]) == 0
+    assert main(["train", str(llm_yaml), f"run.output_dir={split}", "train.steps=1"]) == 0
+    assert main(["train", "--resume", str(split), "train.steps=3"]) == 0
+
+    def steps(run):
+        lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        # the first run's last step was evaluated too: compare what training measured
+        return [{k: v for k, v in m.items() if not k.startswith(("time/", "eval/", "monitor/"))} for m in lines
+                if "loss" in m]
+
+    assert steps(split) == steps(straight)
+
+
+def test_evaluation_writes_sample_completions_and_the_summary(make_llm_config, tmp_path):
+    trainer = Trainer(make_llm_config("train.steps=1", "monitor.drift=true"), PluginManager())
+    trainer.train()
+    before = (tmp_path / "run" / "samples" / "before.txt").read_text().splitlines()
+    assert len(before) == 6 and before[0].startswith("'1+2=' -> ")
+    assert trainer.state.last_metrics["eval/drift"] >= 0
+    assert any(line.startswith("samples: ") and "before.txt" in line for line in trainer.summary())
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_export_loads_in_plain_transformers_and_decodes_the_same(make_llm_config, tmp_path, merge):
+    config = make_llm_config("backbone.lora.enabled=true", "train.steps=1")
+    state = Trainer(config, PluginManager()).train()
+    out = tmp_path / "export"
+    state.backbone.save_pretrained(out, merge_lora=merge)
+    ours = state.backbone.generate(PROMPTS, seed=0).media.data
+    load = (f"model = AutoModelForCausalLM.from_pretrained({str(out)!r});" if merge else
+            "from peft import PeftModel;"
+            f"model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({str(config.backbone.options.pretrained)!r}), {str(out)!r});")
+    script = (
+        "import json, sys, torch; from transformers import AutoModelForCausalLM, AutoTokenizer;"
+        f"tok = AutoTokenizer.from_pretrained({str(out)!r}); {load}"
+        f"batch = tok({PROMPTS!r}, return_tensors='pt', padding=True);"
+        "out = model.generate(**batch, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id);"
+        "print(json.dumps(tok.batch_decode(out[:, batch['input_ids'].shape[1]:], skip_special_tokens=True)))"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == ours
+    assert (out / ("model.safetensors" if merge else "adapter_model.safetensors")).is_file()
+
+
+def test_a_token_policy_takes_no_sampler_and_only_token_objectives(make_llm_config):
+    with pytest.raises(ConfigError, match="'sampler': backbone 'causal_lm' emits tokens and samples them itself"):
+        make_llm_config("sampler.name=flow_sde")
+    with pytest.raises(ConfigError, match="objective: objective 'grpo' trains denoising transitions, but backbone "
+                                          "'causal_lm' emits tokens: choose one of token_grpo"):
+        make_llm_config("objective={name: grpo}")
+    with pytest.raises(ConfigError, match="reward 'jpeg_compressibility' scores image, but backbone 'causal_lm' makes text"):
+        make_llm_config("rewards=[jpeg_compressibility]")
