@@ -6,16 +6,20 @@
 Parity: one rollout of the llm_quickstart (its model, prompts, completions, rewards and advantages)
 goes to both trainers' loss code. For loss types grpo, dapo and dr_grpo, with the KL weight beta at 0
 and at 0.04, it prints the largest absolute difference of the first loss, of its gradient, and of the
-parameters after 3 AdamW steps on that rollout (the old policy's log-probs, recorded before the first
-step, are the same tensor for both; with beta > 0 so are the reference's).
+parameters after 3 steps on that rollout (the old policy's log-probs, recorded before the first step,
+are the same tensor for both; with beta > 0 so are the reference's). The 3 steps are plain SGD at the
+run's learning rate, which moves each parameter in proportion to its gradient, and AdamW, which does
+not: Adam divides each gradient by its own running scale, so a parameter whose gradient is ~0 moves by
+about the learning rate in the direction of whatever rounding noise it has (the KL term's gradient is
+exactly 0 at the first step in exact arithmetic). Both are reported.
 
 Speed: full steps (generation, reward, update) of both at equal settings (the quickstart's batch,
 group size, completion length, temperature, learning rate, beta 0, loss dapo), alternated in one run:
 each TRL step is followed by one gyremedia step, inside TRL's own training loop. It prints the ratio
 of steps per second (gyremedia / TRL) and where each spends its step.
 
-Ends with one JSON line: max_abs_loss_diff, max_abs_grad_diff, max_abs_param_diff, steps_per_s_ratio,
-and the hardware.
+Ends with one JSON line: max_abs_loss_diff, max_abs_grad_diff, max_abs_param_diff (SGD),
+max_abs_param_diff_adamw, steps_per_s_ratio, both step-time breakdowns, and the hardware.
 """
 
 from __future__ import annotations
@@ -121,32 +125,42 @@ def parity(root: str) -> dict[str, float]:
             theirs.current_gradient_accumulation_steps = 1
             inputs = trl_inputs(rollout, reference)
             our_model = state.backbone.trainable_module()
-            our_optimizer = torch.optim.AdamW(our_model.parameters(), lr=ours.core.train.learning_rate,
-                                              betas=(ours.core.train.adam_beta1, ours.core.train.adam_beta2),
-                                              weight_decay=ours.core.train.weight_decay)
-            their_optimizer = torch.optim.AdamW(theirs.model.parameters(), lr=ours.core.train.learning_rate,
-                                                betas=(ours.core.train.adam_beta1, ours.core.train.adam_beta2),
-                                                weight_decay=ours.core.train.weight_decay)
-            for k in range(PARITY_STEPS):
-                out = objective.loss(ctx, rollout, 0)
-                loss = out.loss
-                if beta:
-                    loss = loss + beta * state.regularizers["token_kl"](state=state, rollout=rollout, outputs=out.outputs).loss
-                our_optimizer.zero_grad()
-                loss.backward()
-                their_loss = theirs._compute_loss(theirs.model, inputs)
-                their_optimizer.zero_grad()
-                their_loss.backward()
-                if k == 0:
-                    worst["loss"] = max(worst["loss"], abs(float(loss) - float(their_loss)))
-                    worst["grad"] = max(worst["grad"], max_diff(gradients(our_model), gradients(theirs.model)))
-                    print(f"{loss_type:8} beta={beta:<5} loss {float(loss):+.8f} (TRL {float(their_loss):+.8f})", flush=True)
-                our_optimizer.step()
-                their_optimizer.step()
-            params = max_diff(dict(our_model.named_parameters()), dict(theirs.model.named_parameters()))
-            worst["param"] = max(worst["param"], params)
-            print(f"{'':8} after {PARITY_STEPS} steps: max |param diff| {params:.2e}", flush=True)
+            start = {k: v.detach().clone() for k, v in our_model.state_dict().items()}
+            for optimizer in ("sgd", "adamw"):
+                our_model.load_state_dict(start)
+                theirs.model.load_state_dict(start)
+                ours_step, theirs_step = make_optimizer(optimizer, our_model, ours), make_optimizer(optimizer, theirs.model, ours)
+                for k in range(PARITY_STEPS):
+                    out = objective.loss(ctx, rollout, 0)
+                    loss = out.loss
+                    if beta:
+                        loss = loss + beta * state.regularizers["token_kl"](state=state, rollout=rollout,
+                                                                            outputs=out.outputs).loss
+                    ours_step.zero_grad()
+                    loss.backward()
+                    their_loss = theirs._compute_loss(theirs.model, inputs)
+                    theirs_step.zero_grad()
+                    their_loss.backward()
+                    if k == 0 and optimizer == "sgd":
+                        worst["loss"] = max(worst["loss"], abs(float(loss) - float(their_loss)))
+                        worst["grad"] = max(worst["grad"], max_diff(gradients(our_model), gradients(theirs.model)))
+                        print(f"{loss_type:8} beta={beta:<5} loss {float(loss):+.9f} (TRL {float(their_loss):+.9f})",
+                              flush=True)
+                    ours_step.step()
+                    theirs_step.step()
+                params = max_diff(dict(our_model.named_parameters()), dict(theirs.model.named_parameters()))
+                key = "param" if optimizer == "sgd" else "adam_param"
+                worst[key] = max(worst.get(key, 0.0), params)
+                print(f"{'':8} after {PARITY_STEPS} {optimizer} steps: max |param diff| {params:.2e}", flush=True)
     return worst
+
+
+def make_optimizer(kind: str, model: torch.nn.Module, trainer: Trainer) -> torch.optim.Optimizer:
+    train = trainer.core.train
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=train.learning_rate)
+    return torch.optim.AdamW(model.parameters(), lr=train.learning_rate, betas=(train.adam_beta1, train.adam_beta2),
+                             weight_decay=train.weight_decay)
 
 
 def speed(root: str, steps: int) -> dict[str, float]:
@@ -179,12 +193,27 @@ def speed(root: str, steps: int) -> dict[str, float]:
 
     theirs = trl_trainer(ours.config.backbone.options.pretrained, prompts, ours, loss_type="dapo", beta=0.0,
                          steps=steps + 1, reward=reward, callbacks=[Alternate()])
+    generation = theirs._generate_and_score_completions  # TRL's generation, rewards, advantages and log-probs
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        out = generation(*args, **kwargs)
+        timings["trl_generate"].append(time.perf_counter() - start)
+        return out
+
+    timings["trl_generate"] = []
+    theirs._generate_and_score_completions = timed
     theirs.train()
     trl, gyre = timings["trl"][1:], timings["gyremedia"][1:]  # the first step of each pays for warm-up
     parts = {k: sum(p[k] for p in timings["gyremedia_parts"][1:]) / len(gyre) for k in timings["gyremedia_parts"][0]}
-    print(f"step seconds: TRL {sum(trl) / len(trl):.3f}, gyremedia {sum(gyre) / len(gyre):.3f} "
-          f"(rollout {parts['time/rollout']:.3f}, reward {parts['time/reward']:.3f}, update {parts['time/train']:.3f})")
-    return {"trl_steps_per_s": len(trl) / sum(trl), "gyremedia_steps_per_s": len(gyre) / sum(gyre), **parts}
+    trl_generate = sum(timings["trl_generate"][1:len(trl) + 1]) / len(trl)
+    trl_step = sum(trl) / len(trl)
+    print(f"step seconds: TRL {trl_step:.3f} (generate+score {trl_generate:.3f}, update {trl_step - trl_generate:.3f}), "
+          f"gyremedia {sum(gyre) / len(gyre):.3f} (rollout {parts['time/rollout']:.3f}, reward {parts['time/reward']:.3f}, "
+          f"update {parts['time/train']:.3f})")
+    return {"trl_steps_per_s": len(trl) / sum(trl), "gyremedia_steps_per_s": len(gyre) / sum(gyre),
+            "trl_generate_and_score_s": trl_generate, "trl_update_s": trl_step - trl_generate,
+            **{f"gyremedia_{k.split('/')[1]}_s": v for k, v in parts.items()}}
 
 
 def main() -> int:
@@ -198,7 +227,7 @@ def main() -> int:
     import trl
 
     print(json.dumps({"max_abs_loss_diff": worst["loss"], "max_abs_grad_diff": worst["grad"],
-                      "max_abs_param_diff": worst["param"],
+                      "max_abs_param_diff": worst["param"], "max_abs_param_diff_adamw": worst["adam_param"],
                       "steps_per_s_ratio": timing["gyremedia_steps_per_s"] / timing["trl_steps_per_s"], **timing,
                       "trl": trl.__version__, "torch": torch.__version__, "threads": torch.get_num_threads(),
                       "hardware": f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU"}))

@@ -655,7 +655,8 @@ def _transition_checks(selected: dict[str, Any], pm: PluginManager, sampler_give
         trains = chosen.meta.get("transitions") if chosen is not None else None
         if trains and transitions and trains != transitions:
             kind = chosen.kind
-            errors.append(f"{path}: {kind} {chosen.name!r} trains {trains} transitions, but backbone {backbone.name!r} "
+            where = "" if path == "objective" else f"{path}: "
+            errors.append(f"{where}{kind} {chosen.name!r} trains {trains} transitions, but backbone {backbone.name!r} "
                           f"emits {transitions}: choose one of {', '.join(_names_for(pm, kind, transitions))}")
     return errors
 

@@ -193,6 +193,17 @@ def prompts_file(value: str) -> str | None:
     return None
 
 
+def regular_expression(value: str) -> str | None:
+    """A pattern ``re`` compiles."""
+    import re
+
+    try:
+        re.compile(value)
+    except re.error as exc:
+        return f"not a regular expression: {exc}"
+    return None
+
+
 def existing_folder(what: str) -> Callable[[str], str | None]:
     """A check that the value is a folder that exists; ``what`` says what a valid one is."""
 

@@ -148,7 +148,7 @@ class Trainer:
         context = BuildContext(device=acc.device, run_dir=self.run_dir, accelerator=acc,
                                seed=self.core.run.seed, is_main_process=acc.is_main_process)
         state.backbone = state.plugins.build(self.config.backbone, context)
-        # a token policy samples its own tokens: no sampler section
+        # a policy that samples its own transitions has no sampler section
         state.sampler = state.plugins.build(self.config.sampler, context) if self.config.sampler is not None else None
         self.eval_sampler = (state.plugins.build(self.config.eval_sampler, context)
                              if self.config.eval_sampler is not None else state.sampler)

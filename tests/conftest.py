@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+import torch
+
 from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager
 
@@ -54,3 +56,52 @@ def make_config(tiny_yaml: Path, plugin_manager: PluginManager):
 
 def read_yaml(path: Path) -> dict:
     return OmegaConf.to_container(OmegaConf.load(path))
+
+
+LLM_YAML = """
+run: {output_dir: RUN_DIR, seed: 0}
+backbone: {name: causal_lm, pretrained: MODEL_DIR, max_new_tokens: 4}
+objective: {name: token_grpo}
+rewards: [{name: format, pattern: '[0-9]', mode: search}]
+data: {prompts: ['1+2=', '12+345=', '7+8=']}
+rollout: {batch_size: 8, group_size: 4}
+train: {steps: 2, learning_rate: 0.01}
+checkpoint: {every: 1}
+eval: {samples: 6, grid_size: 6}
+export: {on_train_end: false}
+logging: {loggers: [jsonl], progress: false}
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory) -> Path:
+    """A random tiny Qwen2 with the addition task's character tokenizer, saved as a stock folder."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from gyremedia_text.pretrain import build_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny_lm")
+    tokenizer = build_tokenizer(["0123456789+="])
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def llm_yaml(tmp_path, tiny_lm) -> Path:
+    path = tmp_path / "llm.yaml"
+    path.write_text(LLM_YAML.replace("RUN_DIR", str(tmp_path / "run")).replace("MODEL_DIR", str(tiny_lm)))
+    return path
+
+
+@pytest.fixture
+def make_llm_config(llm_yaml, plugin_manager):
+    def make(*overrides: str, plugins: PluginManager | None = None):
+        return resolve_config(load_config(llm_yaml, list(overrides)), plugins or plugin_manager)
+
+    return make

@@ -67,3 +67,22 @@ def test_pareto_preferences_and_hinge_buckets_on_two_processes(tiny_yaml, tmp_pa
         torch.testing.assert_close(advantages, torch.tensor(single["steps"][step]["advantages"]), rtol=0, atol=1e-4)
         assert ranks[0]["steps"][step]["reward_metric"] == ranks[1]["steps"][step]["reward_metric"]
     assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+@pytest.mark.slow
+def test_a_token_policy_on_two_processes_matches_one(llm_yaml, tmp_path):
+    """12 completions in groups of 4 over 2 ranks of 6: group 1 spans both. Same completions, rewards and
+    advantages as one process (each token's noise depends on its sample's id alone), identical weights."""
+    extra = ("rollout.batch_size=12", "rollout.group_size=4", "train.steps=2", "checkpoint.every=100",
+             "objective.loss_type=dapo", "objective.kl_beta=0.05")
+    (single,) = run_worker(llm_yaml, tmp_path / "one", 1, extra)
+    ranks = run_worker(llm_yaml, tmp_path / "two", 2, extra)
+    both = [rank["steps"][0] for rank in ranks]
+    assert both[0]["sample_ids"] + both[1]["sample_ids"] == list(range(12))
+    assert both[0]["group_ids"][-2:] == [1, 1] and both[1]["group_ids"][:2] == [1, 1]  # a split group
+    torch.testing.assert_close(torch.tensor(both[0]["rewards"] + both[1]["rewards"]),
+                               torch.tensor(single["steps"][0]["rewards"]), rtol=0, atol=0)
+    advantages = torch.tensor(both[0]["advantages"] + both[1]["advantages"])
+    torch.testing.assert_close(advantages, torch.tensor(single["steps"][0]["advantages"]), rtol=0, atol=1e-6)
+    assert advantages[4:8].abs().sum() > 0 and abs(advantages[4:8].mean().item()) < 1e-6
+    assert ranks[0]["weights"] == ranks[1]["weights"]  # after two updates, bit-identical replicas

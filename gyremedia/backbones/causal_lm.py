@@ -66,6 +66,7 @@ class CausalLMBackbone(TransformerPolicy):
         self._prepare_training(options.lora, options.gradient_checkpointing)
         self.max_new_tokens = options.max_new_tokens
         self.temperature = options.temperature
+        self._token_cache: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------ tokens
 
@@ -77,9 +78,16 @@ class CausalLMBackbone(TransformerPolicy):
                                                    add_generation_prompt=True) for p in prompts]
 
     def _tokenize(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids and their attention mask, ``[B, P]``."""
-        batch = self.tokenizer(self._texts(prompts), return_tensors="pt", padding=True)
-        return batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
+        """Left-padded prompt ids and their attention mask, ``[B, P]`` (each prompt tokenized once per run)."""
+        missing = [p for p in dict.fromkeys(prompts) if p not in self._token_cache]
+        if missing:
+            for prompt, ids in zip(missing, self.tokenizer(self._texts(missing))["input_ids"]):
+                self._token_cache[prompt] = ids
+        rows = [self._token_cache[p] for p in prompts]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[self.tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        return ids.to(self.device), mask.to(self.device)
 
     def _logits(self, ids: torch.Tensor, attention: torch.Tensor, *, reference: bool = False,
                 past=None, use_cache: bool = False):
@@ -111,19 +119,26 @@ class CausalLMBackbone(TransformerPolicy):
         mask, and which ones ``max_new_tokens`` cut off ``[B]``. ``generators`` None (or ``temperature`` 0)
         decodes greedily."""
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        logits, past = self._logits(prompt_ids, prompt_mask, use_cache=True)
+        # A group's rows share their prompt: read each distinct prompt once, then give every row its cache.
+        distinct, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
+        width = prompt_ids.shape[1]
+        logits, past = self._logits(distinct[:, :width], distinct[:, width:], use_cache=True)
+        logits = logits[inverse]
+        past.reorder_cache(inverse)
         attention, done = prompt_mask, torch.zeros(len(prompt_ids), dtype=torch.bool, device=self.device)
         tokens, log_probs, alive = [], [], []
-        for _ in range(self.max_new_tokens):
+        sampled = generators is not None and temperature > 0
+        if sampled:  # each sample's noise for every position at once, from its own generator
+            uniform = torch.stack([torch.rand(self.max_new_tokens, logits.shape[-1], generator=g) for g in generators])
+            gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1 - 1e-7))).to(self.device)
+        for position in range(self.max_new_tokens):
             scores = logits[:, -1].float()
-            if generators is None or temperature == 0:
+            if not sampled:
                 token = scores.argmax(-1)
                 log_prob = torch.zeros(len(token), device=self.device)
             else:
                 scores = self._filter(scores / temperature)
-                uniform = torch.stack([torch.rand(scores.shape[-1], generator=g) for g in generators]).to(self.device)
-                gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1 - 1e-7)))
-                token = (scores + gumbel).argmax(-1)  # an exact draw from softmax(scores)
+                token = (scores + gumbel[:, position]).argmax(-1)  # an exact draw from softmax(scores)
                 log_prob = scores.log_softmax(-1).gather(-1, token[:, None])[:, 0]
             tokens.append(torch.where(done, pad, token))
             log_probs.append(torch.where(done, 0.0, log_prob))

@@ -12,21 +12,13 @@ from typing import Literal
 
 import torch
 
-from gyremedia.options import OptionError, option
+from gyremedia.options import OptionError, option, regular_expression
 from gyremedia.rollout import Media
-
-
-def _regex_error(pattern: str) -> str | None:
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        return f"not a regular expression: {exc}"
-    return None
 
 
 @dataclass
 class FormatOptions:
-    pattern: str = option(r"\d+", check=_regex_error, help="the regular expression a well-formed completion matches")
+    pattern: str = option(r"\d+", check=regular_expression, help="the regular expression a well-formed completion matches")
     mode: Literal["fullmatch", "match", "search"] = option("fullmatch", help="match the whole completion "
                                                                               "(stripped), its start, or anywhere")
 

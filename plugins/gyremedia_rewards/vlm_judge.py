@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 
 from gyremedia.interfaces import BuildContext
-from gyremedia.options import option
+from gyremedia.options import option, regular_expression
 from gyremedia.rollout import Media
 
 logger = logging.getLogger("gyremedia")
@@ -49,7 +49,7 @@ class VlmJudgeOptions:
                               "number only.", help="the question for text media; {prompt} and {completion} are filled in",
                               check=lambda v: None if "{completion}" in v else "must contain {completion}, where the answer goes")
     score_pattern: str = option(r"-?\d+(?:\.\d+)?", help="the first match in the reply is the raw score",
-                                check=lambda v: _regex_error(v))
+                                check=regular_expression)
     max_score: float = option(10.0, gt=0, help="raw scores are divided by this")
     max_concurrency: int = option(8, ge=1, help="requests in flight at once")
     request_timeout: float = option(60.0, gt=0, help="seconds per request")
@@ -58,13 +58,6 @@ class VlmJudgeOptions:
     max_tokens: int = option(16, ge=1, help="longest reply")
     temperature: float = option(0.0, ge=0, help="the judge's sampling temperature")
 
-
-def _regex_error(pattern: str) -> str | None:
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        return f"not a regular expression: {exc}"
-    return None
 
 
 class JudgeReplyError(RuntimeError):

@@ -11,59 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gyremedia.config import ConfigError, load_config, resolve_config
+from gyremedia.config import ConfigError
 from gyremedia.interfaces import BuildContext, RolloutRequest
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
-
-LLM_YAML = """
-run: {output_dir: RUN_DIR, seed: 0}
-backbone: {name: causal_lm, pretrained: MODEL_DIR, max_new_tokens: 4}
-objective: {name: token_grpo}
-rewards: [{name: format, pattern: '[0-9]', mode: search}]
-data: {prompts: ['1+2=', '12+345=', '7+8=']}
-rollout: {batch_size: 8, group_size: 4}
-train: {steps: 2, learning_rate: 0.01}
-checkpoint: {every: 1}
-eval: {samples: 6, grid_size: 6}
-export: {on_train_end: false}
-logging: {loggers: [jsonl], progress: false}
-"""
-
-
-@pytest.fixture(scope="session")
-def tiny_lm(tmp_path_factory) -> Path:
-    """A random tiny Qwen2 with the addition task's character tokenizer, saved as a stock folder."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from gyremedia_text.pretrain import build_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny_lm")
-    tokenizer = build_tokenizer(["0123456789+="])
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
-                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture
-def llm_yaml(tmp_path, tiny_lm) -> Path:
-    path = tmp_path / "llm.yaml"
-    path.write_text(LLM_YAML.replace("RUN_DIR", str(tmp_path / "run")).replace("MODEL_DIR", str(tiny_lm)))
-    return path
-
-
-@pytest.fixture
-def make_llm_config(llm_yaml, plugin_manager):
-    def make(*overrides: str, plugins: PluginManager | None = None):
-        return resolve_config(load_config(llm_yaml, list(overrides)), plugins or plugin_manager)
-
-    return make
-
 
 def backbone(make_llm_config, *overrides: str):
     config = make_llm_config(*overrides)
@@ -181,8 +132,29 @@ def test_export_loads_in_plain_transformers_and_decodes_the_same(make_llm_config
 def test_a_token_policy_takes_no_sampler_and_only_token_objectives(make_llm_config):
     with pytest.raises(ConfigError, match="'sampler': backbone 'causal_lm' emits tokens and samples them itself"):
         make_llm_config("sampler.name=flow_sde")
-    with pytest.raises(ConfigError, match="objective: objective 'grpo' trains denoising transitions, but backbone "
+    with pytest.raises(ConfigError, match="objective 'grpo' trains denoising transitions, but backbone "
                                           "'causal_lm' emits tokens: choose one of token_grpo"):
         make_llm_config("objective={name: grpo}")
     with pytest.raises(ConfigError, match="reward 'jpeg_compressibility' scores image, but backbone 'causal_lm' makes text"):
         make_llm_config("rewards=[jpeg_compressibility]")
+
+
+def test_a_third_party_text_reward_is_selected_by_name_and_trains(make_llm_config):
+    from gyremedia import hookimpl
+
+    class ShortAnswers:
+        """1 / (1 + length): a third party's text reward, registered the way any package's would be."""
+
+        kinds = {"text"}
+
+        def __call__(self, media, prompts):
+            return torch.tensor([1.0 / (1 + len(text)) for text in media.data])
+
+    class Plugin:
+        @hookimpl
+        def gyremedia_register_rewards(self, register):
+            register("short_answers", lambda context: ShortAnswers())
+
+    pm = PluginManager(extra_plugins=[Plugin()])
+    state = Trainer(make_llm_config("rewards=[short_answers]", "train.steps=1", plugins=pm), pm).train()
+    assert "reward/short_answers" in state.last_metrics and state.last_metrics["grad_norm"] > 0
