@@ -62,6 +62,7 @@ def build_scoring(config: ResolvedConfig, pm: PluginManager, device: torch.devic
     """The evaluation sampler and the rewards of a run, its held-out gold rewards (``monitor.gold``)
     named ``gold/<name>``."""
     context = _context(config, device)
-    sampler = pm.build(config.eval_sampler or config.sampler, context)
+    chosen = config.eval_sampler or config.sampler
+    sampler = pm.build(chosen, context) if chosen is not None else None  # a token policy samples itself
     rewards = {s.name: pm.build(s, context) for s in config.rewards}
     return sampler, {**rewards, **{f"gold/{s.name}": pm.build(s, context) for s in config.gold_rewards}}

@@ -77,3 +77,27 @@ def test_a_bad_input_fails_in_one_line_before_any_model_loads(workdir, capsys, w
     assert code == 2
     assert err == [message]
     assert elapsed < 10
+
+
+def test_a_reward_that_breaks_the_contract_stops_the_run_with_the_contract(tiny_yaml, capsys, monkeypatch):
+    """Found only once the reward runs (at the step-0 evaluation): exit 2, and the line says what a reward returns."""
+    import gyremedia.cli
+    from gyremedia import hookimpl
+
+    class Colorfulness:
+        kinds = {"image"}
+
+        def __call__(self, media, prompts):
+            return {"colorfulness": media.data.mean(dim=(1, 2, 3))}
+
+    class Plugin:
+        @hookimpl
+        def gyremedia_register_rewards(self, register):
+            register("colorful", lambda context: Colorfulness())
+
+    plain = gyremedia.cli.PluginManager
+    monkeypatch.setattr(gyremedia.cli, "PluginManager", lambda: plain(extra_plugins=[Plugin()]))
+    assert main(["train", str(tiny_yaml), "rewards=[colorful]"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gyremedia: error: reward 'colorful' returned keys ['colorfulness'] without a 'score': a reward returns a "
+        "Tensor[B], or a dict of Tensor[B] holding a 'score' (its other entries are logged as components)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from gyremedia.config import asset_path
 from gyremedia.options import validate
