@@ -20,8 +20,8 @@ import json, sys
 import numpy as np, torch
 from diffusers import StableDiffusion3Pipeline
 folder, lora, out, prompts, seeds = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), json.loads(sys.argv[5])
-# The tiny pipeline has no T5: diffusers' standard way to load SD3 without it.
-pipe = StableDiffusion3Pipeline.from_pretrained(folder, text_encoder_3=None, tokenizer_3=None)
+# The plain call: the tiny pipeline is a complete SD3 pipeline, its (silent) T5 included.
+pipe = StableDiffusion3Pipeline.from_pretrained(folder)
 if lora != "-":
     pipe.load_lora_weights(lora)
 size = pipe.transformer.config.sample_size * pipe.vae_scale_factor

@@ -62,3 +62,9 @@ def test_quickstart_raises_heldout_accuracy(tmp_path):
     assert last[2] == f"samples: {run / 'samples/before.png'}, {run / 'samples/after.png'}"
     assert last[3] == f"plot:    {run / 'reward_curve.png'}" and last[4].startswith(f"export:  {run / 'pipeline'}")
     assert last[5].startswith(f"next:    gyremedia eval {run}")
+    # The export is a complete SD3 pipeline: stock diffusers loads it with no other argument, without gyremedia.
+    load = ("import sys; from diffusers import StableDiffusion3Pipeline; "
+            f"pipe = StableDiffusion3Pipeline.from_pretrained({str(run / 'pipeline')!r}); "
+            "assert pipe.text_encoder_3 is not None; "
+            "assert not [m for m in sys.modules if m.startswith('gyremedia')]")
+    assert subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=300).returncode == 0

@@ -45,6 +45,7 @@ class FlowMatchingOptions:
 
 
 PREFERENCE_FILE = "preference_embedder.safetensors"
+DIFFUSERS_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline's default max_sequence_length
 
 
 class FlowMatchingBackbone(TransformerPolicy, DenoisingPolicy):
@@ -230,13 +231,15 @@ class FlowMatchingBackbone(TransformerPolicy, DenoisingPolicy):
                  f"pipe = {load}"]
         if adapters_only:
             lines.append(f'pipe.load_lora_weights("{out_dir}")')
+        trained_length = self.options.max_sequence_length
         call = 'image = pipe("a prompt"'
-        call += f", max_sequence_length={self.options.max_sequence_length})" if no_t5 else ")"
+        call += f", max_sequence_length={trained_length})" if trained_length != DIFFUSERS_SEQUENCE_LENGTH else ")"
         lines += [call + ".images[0]", "```", ""]
         if no_t5:
             lines += ["This pipeline has no T5 encoder (diffusers' supported SD3 variant without it), so it is loaded",
-                      "with `text_encoder_3=None, tokenizer_3=None`, and was trained with "
-                      f"`max_sequence_length={self.options.max_sequence_length}`", "zero tokens standing in for T5: "
+                      "with `text_encoder_3=None, tokenizer_3=None`.", ""]
+        if trained_length != DIFFUSERS_SEQUENCE_LENGTH:
+            lines += [f"It was trained with {trained_length} T5 token(s) (`max_sequence_length={trained_length}`): "
                       "pass the same value when generating.", ""]
         if self.preference_embedder is not None:
             lines += [f"`{PREFERENCE_FILE}` holds the preference input (ParetoSlider) this model was trained with: "

@@ -34,6 +34,7 @@ class TinySD3Options:
     text_layers: int = option(2, ge=1, help="layers of the CLIP text encoders")
     text_max_length: int = option(16, ge=1, help="tokens per prompt")
     words: list[str] = option(default_factory=lambda: list(DEFAULT_WORDS), help="whole-word tokens")
+    t5: bool = option(True, help="include SD3's third encoder, a T5 whose final norm is zero (see build_silent_t5)")
     seed: int = option(0, ge=0, help="seed of the random weights")
 
     def validate(self) -> None:
@@ -96,6 +97,38 @@ def build_clip_tokenizer(words: list[str], max_length: int):
     return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
 
 
+def build_t5_tokenizer(words: list[str], max_length: int):
+    """A T5 (unigram, SentencePiece-style) tokenizer with one token per listed word (no download needed)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(f"▁{w}", -1.0) for w in sorted({w.lower() for w in words})]
+    tokenizer = Tokenizer(models.Unigram(pieces, unk_id=2))
+    tokenizer.normalizer = None
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return T5TokenizerFast(tokenizer_object=tokenizer, eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                           extra_ids=0, model_max_length=max_length)
+
+
+def build_silent_t5(words: list[str], width: int, max_length: int):
+    """SD3's third text encoder, a one-layer T5 of ``width`` channels whose final layer norm is zero.
+
+    Its output is exactly zero: what SD3's pipeline feeds the transformer when it has no T5, so a model
+    pretrained without one keeps its behaviour, and the pipeline folder is complete: diffusers'
+    ``StableDiffusion3Pipeline.from_pretrained(folder)`` loads it with no other argument.
+    """
+    from transformers import T5Config, T5EncoderModel
+
+    tokenizer = build_t5_tokenizer(words, max_length)
+    config = T5Config(vocab_size=len(tokenizer), d_model=width, d_kv=8, d_ff=width, num_layers=1, num_heads=2,
+                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    encoder = T5EncoderModel(config)
+    torch.nn.init.zeros_(encoder.encoder.final_layer_norm.weight)
+    return encoder, tokenizer
+
+
 def build_tiny_sd3_pipeline(options: TinySD3Options):
     """Build the tiny pipeline deterministically from ``options.seed``."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
@@ -148,6 +181,9 @@ def build_tiny_sd3_pipeline(options: TinySD3Options):
             pos_embed_max_size=options.latent_size // options.patch_size,
             qk_norm="rms_norm",
         )
+        # built last, so it draws no random number the other parts would have drawn
+        text_encoder_3, tokenizer_3 = (build_silent_t5(options.words, 2 * options.text_hidden_size,
+                                                       options.text_max_length) if options.t5 else (None, None))
     scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0)
     return StableDiffusion3Pipeline(
         transformer=transformer,
@@ -157,6 +193,22 @@ def build_tiny_sd3_pipeline(options: TinySD3Options):
         tokenizer=tokenizer,
         text_encoder_2=text_encoder_2,
         tokenizer_2=tokenizer,
-        text_encoder_3=None,
-        tokenizer_3=None,
+        text_encoder_3=text_encoder_3,
+        tokenizer_3=tokenizer_3,
     )
+
+
+def add_silent_t5(folder: str, words: list[str], seed: int = 0) -> None:
+    """Give a tiny SD3 pipeline folder saved without T5 the silent one (:func:`build_silent_t5`), in place.
+
+    Nothing the folder generates changes: its transformer saw zeros where T5's tokens go, and still does.
+    """
+    from diffusers import StableDiffusion3Pipeline
+
+    pipeline = StableDiffusion3Pipeline.from_pretrained(folder, text_encoder_3=None, tokenizer_3=None)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        encoder, tokenizer = build_silent_t5(words, pipeline.transformer.config.joint_attention_dim,
+                                             pipeline.tokenizer.model_max_length)
+    pipeline.register_modules(text_encoder_3=encoder, tokenizer_3=tokenizer)
+    pipeline.save_pretrained(folder)

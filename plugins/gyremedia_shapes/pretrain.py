@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gyremedia.backbones.tiny_sd3 import TinySD3Options, build_tiny_sd3_pipeline
+from gyremedia.backbones.tiny_sd3 import TinySD3Options, add_silent_t5, build_tiny_sd3_pipeline
 from gyremedia.sampling import renoise
 from gyremedia_shapes.verifier import verify
 from gyremedia_shapes.world import CANVAS, VOCABULARY, render_batch, split_prompts
@@ -33,7 +33,7 @@ MODEL = TinySD3Options(
     num_attention_heads=4, attention_head_dim=32, text_hidden_size=32, text_layers=2,
     text_max_length=12, words=VOCABULARY,
 )
-MAX_SEQUENCE_LENGTH = 1  # the pipeline has no T5: one zero token stands in for its embeddings
+MAX_SEQUENCE_LENGTH = 1  # T5 is silent (its output is zero): one zero token stands in for its embeddings
 
 
 def train_vae(pipe, prompts: list[str], steps: int, rng: np.random.Generator, batch: int = 64) -> float:
@@ -201,7 +201,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=1000)
     parser.add_argument("--eval-samples", type=int, default=256)
     parser.add_argument("--snapshots", type=Path, default=None, help="also save the pipeline at every evaluation")
+    parser.add_argument("--add-t5", action="store_true",
+                        help="only give the pipeline in --out (saved before pipelines had T5) its silent T5 encoder")
     args = parser.parse_args(argv)
+    if args.add_t5:
+        add_silent_t5(str(args.out), MODEL.words)
+        return
     summary = pretrain(args.out, args.steps, args.vae_steps, args.seed, args.batch, args.lr, args.eval_every,
                        args.eval_samples, args.snapshots, args.timesteps)
     print(json.dumps(summary["final"], indent=2))
