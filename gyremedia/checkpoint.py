@@ -117,10 +117,13 @@ def _all_ranks_ok(accelerator, ok: bool) -> bool:
     return bool(flags.min().item() > 0)
 
 
-def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str, torch.Tensor], optimizer,
-                    scheduler, plugin_state: Callable[[Path], dict[str, Any]], keep_last: int,
-                    component_state: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str, torch.Tensor],
+                    optimizer_state: dict[str, Any], scheduler, plugin_state: Callable[[Path], dict[str, Any]],
+                    keep_last: int, component_state: dict[str, Any] | None = None, sharded: bool = False) -> Path:
     """Write the checkpoint of ``step`` (every rank calls this) and prune old ones on the main rank.
+
+    ``weights`` and ``optimizer_state`` are the main rank's (whole, also when the model is ``sharded``:
+    then the optimizer state is keyed by parameter name).
 
     ``plugin_state(folder)`` is called on every rank with the folder being written and returns the
     plugins' JSON state (the main rank's is kept). A write that fails on any rank (disk full,
@@ -146,7 +149,7 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str,
             plugins = plugin_state(tmp)
             if accelerator.is_main_process:
                 _write(tmp / WEIGHTS, save({k: v.detach().contiguous().cpu() for k, v in weights.items()}))
-                _write(tmp / OPTIMIZER, _torch_bytes(optimizer.state_dict()))
+                _write(tmp / OPTIMIZER, _torch_bytes(optimizer_state))
                 _write(tmp / SCHEDULER, _torch_bytes(scheduler.state_dict()))
                 if component_state:
                     _write(tmp / COMPONENTS, _torch_bytes(component_state))
@@ -155,7 +158,7 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str,
     _stop_unless_written(accelerator, error, tmp, step)
     if accelerator.is_main_process:
         try:
-            state = {"step": step, "num_processes": accelerator.num_processes, "plugins": plugins}
+            state = {"step": step, "num_processes": accelerator.num_processes, "sharded": sharded, "plugins": plugins}
             _write(tmp / TRAINER_STATE, json.dumps(state, indent=2).encode())
             sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.name != MANIFEST}
             _write(tmp / MANIFEST, json.dumps(sizes, indent=1).encode())
@@ -199,14 +202,16 @@ def read_checkpoint(accelerator, path: Path) -> LoadedCheckpoint:
     """Read a checkpoint (this rank's RNG included); raise :class:`CorruptCheckpoint` if any part fails."""
     path = Path(path)
     verify(path)
+    # torch.load restores no indexed CPU device, which accelerate names its gloo processes' device (cpu:0)
+    device = torch.device("cpu") if accelerator.device.type == "cpu" else accelerator.device
     try:
         weights = load((path / WEIGHTS).read_bytes())
-        weights = {k: v.to(accelerator.device) for k, v in weights.items()}
-        optimizer = torch.load(path / OPTIMIZER, map_location=accelerator.device, weights_only=False)
+        weights = {k: v.to(device) for k, v in weights.items()}
+        optimizer = torch.load(path / OPTIMIZER, map_location=device, weights_only=False)
         scheduler = torch.load(path / SCHEDULER, weights_only=False)
         state = json.loads((path / TRAINER_STATE).read_text())
         components = path / COMPONENTS
-        state["components"] = torch.load(components, map_location=accelerator.device) if components.is_file() else {}
+        state["components"] = torch.load(components, map_location=device) if components.is_file() else {}
         rng_file = path / f"rng_rank{accelerator.process_index}.pt"
         rng = torch.load(rng_file, weights_only=False) if rng_file.is_file() else None
     except Exception as exc:  # noqa: BLE001 - whatever a damaged file raises, the checkpoint is unusable
@@ -228,9 +233,11 @@ def read_latest_checkpoint(accelerator, run_dir: Path) -> LoadedCheckpoint | Non
     return None
 
 
-def apply_checkpoint(loaded: LoadedCheckpoint, *, optimizer, scheduler, process_index: int) -> None:
-    """Restore the optimizer, the LR schedule and this rank's RNG from a checkpoint that was read whole."""
-    optimizer.load_state_dict(loaded.optimizer)
+def apply_checkpoint(loaded: LoadedCheckpoint, *, load_optimizer: Callable[[dict[str, Any]], None], scheduler,
+                     process_index: int) -> None:
+    """Restore the optimizer (through ``load_optimizer``), the LR schedule and this rank's RNG from a
+    checkpoint that was read whole."""
+    load_optimizer(loaded.optimizer)
     scheduler.load_state_dict(loaded.scheduler)
     if loaded.rng is not None:
         set_rng_state(loaded.rng)

@@ -26,6 +26,7 @@ class BuildContext:
     accelerator: Accelerator | None = None
     seed: int = 0
     is_main_process: bool = True
+    mixed_precision: str = "none"  # train.mixed_precision: the autocast dtype policies compute in ("none", "bf16")
 
 
 @dataclass

@@ -78,7 +78,8 @@ def call_each(pm: pluggy.PluginManager, hook_name: str, **kwargs: Any) -> dict[s
 #: when it declares nothing. The config reads them to refuse impossible combinations before any model loads.
 CAPABILITIES: dict[str, dict[str, Any]] = {
     # transitions: "denoising" (sampler steps of a state) or "tokens" (a token policy samples itself)
-    "backbone": {"media_kind": None, "prediction": None, "transitions": "denoising"},
+    # shardable: every process runs the same model calls in a step, as FSDP's collectives need
+    "backbone": {"media_kind": None, "prediction": None, "transitions": "denoising", "shardable": False},
     "sampler": {"has_log_prob": False, "needs_predict": False, "prediction": None},
     # kl_regularizer: the regularizer an objective's `kl_beta` option selects (with that weight)
     # needs_tree_rollouts: it trains on tree rollouts (rollout.branch_steps)

@@ -51,7 +51,8 @@ def load_trained_weights(backbone: Any, run_dir: Path, checkpoint: Path | None =
 
 
 def _context(config: ResolvedConfig, device: torch.device | None) -> BuildContext:
-    return BuildContext(device=device or default_device(), seed=config.core.run.seed)
+    return BuildContext(device=device or default_device(), seed=config.core.run.seed,
+                        mixed_precision=config.core.train.mixed_precision)
 
 
 def build_backbone(config: ResolvedConfig, pm: PluginManager, device: torch.device | None = None) -> Any:

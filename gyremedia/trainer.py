@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gyremedia import checkpoint as ckpt
-from gyremedia import evaluation
+from gyremedia import evaluation, sharding
 from gyremedia.advantages import distributed_group_advantages
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
@@ -93,6 +93,29 @@ def check_process_layout(config: ResolvedConfig, num_processes: int) -> None:
         )
 
 
+def resolve_sharding(config: ResolvedConfig, accelerator: Any, plugins: PluginManager) -> bool:
+    """Whether this run shards its model (``train.sharding``; ``auto`` follows an accelerate FSDP launch), checked
+    before any model loads. Refuses processes that were launched together but each run alone."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > accelerator.num_processes:
+        raise ConfigError(
+            f"{launched} processes were launched but each runs alone (accelerate sees {accelerator.num_processes}): "
+            "every one would train its own copy of the model; launch with `accelerate launch --multi_gpu "
+            "--num_processes N` or a config from configs/accelerate/")
+    choice = config.core.train.sharding
+    fsdp_launch = getattr(accelerator.distributed_type, "value", "") == "FSDP"
+    if choice == "none" or (choice == "auto" and not fsdp_launch):
+        return False
+    backbone = config.backbone.name
+    if not plugins.component("backbone", backbone).meta.get("shardable"):
+        raise ConfigError(f"train.sharding={choice}: backbone {backbone!r} cannot be sharded (its processes do not "
+                          "run the same model calls in a step): use train.sharding=none")
+    if accelerator.num_processes == 1:
+        logger.info("train.sharding=%s with one process: nothing to shard", choice)
+        return False
+    return True
+
+
 def preference_weights(seed: int, step: int, group_ids: torch.Tensor, count: int, concentration: float) -> torch.Tensor:
     """``[B, count]`` reward-preference weights, one Dirichlet draw per group keyed by ``(seed, step, group)``
     (the same on any number of processes)."""
@@ -110,6 +133,7 @@ class Trainer:
         self.core = config.core
         self.accelerator = accelerator or _create_accelerator()
         check_process_layout(config, self.accelerator.num_processes)
+        self.sharded = resolve_sharding(config, self.accelerator, plugins)
         self.run_dir = Path(self.core.run.output_dir)
         self.resume = resume
         self._refuse_to_overwrite()
@@ -145,8 +169,8 @@ class Trainer:
         set_seed(self.core.run.seed, device_specific=True)
         state.plugins.hook.gyremedia_configure(config=self.config, accelerator=acc)
 
-        context = BuildContext(device=acc.device, run_dir=self.run_dir, accelerator=acc,
-                               seed=self.core.run.seed, is_main_process=acc.is_main_process)
+        context = BuildContext(device=acc.device, run_dir=self.run_dir, accelerator=acc, seed=self.core.run.seed,
+                               is_main_process=acc.is_main_process, mixed_precision=self.core.train.mixed_precision)
         state.backbone = state.plugins.build(self.config.backbone, context)
         # a policy that samples its own transitions has no sampler section
         state.sampler = state.plugins.build(self.config.sampler, context) if self.config.sampler is not None else None
@@ -165,6 +189,13 @@ class Trainer:
         if any(getattr(c, "needs_reference", False) for c in components):
             state.backbone.enable_reference()
 
+        # A checkpoint's weights go in before sharding; its optimizer state once the optimizer exists.
+        loaded = self._read_checkpoint() if self.resume else None
+        if loaded is not None:
+            state.backbone.load_trainable_state_dict(loaded.weights)
+        if self.sharded:
+            blocks = state.backbone.shard()
+            logger.info("FSDP2: the model is sharded over %d processes by %d blocks", acc.num_processes, blocks)
         module = state.backbone.trainable_module()
         params = [p for p in module.parameters() if p.requires_grad]
         if not params:
@@ -177,24 +208,38 @@ class Trainer:
         # advance it once per process and make the schedule depend on the process count.
         state.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-        prepared, state.optimizer = acc.prepare(module, optimizer)
+        if self.sharded:  # sharded in place, the same fully_shard calls accelerate's FSDP2 makes (gyremedia/sharding.py)
+            prepared, state.optimizer = module, optimizer
+        else:
+            prepared, state.optimizer = acc.prepare(module, optimizer)
         state.backbone.set_training_module(prepared)
         self._trained_module = prepared
         self._params = params
 
-        if self.resume:
-            self._resume()
+        if loaded is not None:
+            self._resume(loaded)
         return state
 
-    def _resume(self) -> None:
-        """Continue from the newest checkpoint that reads whole (damaged newer ones are skipped, with a warning)."""
-        state, acc = self.state, self.accelerator
-        loaded = ckpt.read_latest_checkpoint(acc, self.run_dir)
+    def _read_checkpoint(self) -> ckpt.LoadedCheckpoint | None:
+        """The newest checkpoint that reads whole (damaged newer ones are skipped, with a warning)."""
+        loaded = ckpt.read_latest_checkpoint(self.accelerator, self.run_dir)
         if loaded is None:
             logger.warning("no usable checkpoint in %s: starting from step 0", self.run_dir)
-            return
-        state.backbone.load_trainable_state_dict(loaded.weights)
-        ckpt.apply_checkpoint(loaded, optimizer=state.optimizer, scheduler=state.lr_scheduler,
+        elif bool(loaded.state.get("sharded", False)) != self.sharded:
+            saved = "sharded" if loaded.state.get("sharded") else "unsharded"
+            raise ConfigError(f"{loaded.path} was written by a {saved} run: resume it with train.sharding="
+                              f"{'fsdp2' if loaded.state.get('sharded') else 'none'}")
+        return loaded
+
+    def _resume(self, loaded: ckpt.LoadedCheckpoint) -> None:
+        """Continue from a checkpoint whose weights are already in the backbone."""
+        state, acc = self.state, self.accelerator
+        if self.sharded:
+            def load_optimizer(saved: dict[str, Any]) -> None:
+                sharding.load_full_optimizer_state_dict(self._trained_module, state.optimizer, saved)
+        else:
+            load_optimizer = state.optimizer.load_state_dict
+        ckpt.apply_checkpoint(loaded, load_optimizer=load_optimizer, scheduler=state.lr_scheduler,
                               process_index=acc.process_index)
         for name, component in self._stateful_components().items():
             component.load_state_dict(loaded.state["components"].get(name, {}))
@@ -386,13 +431,19 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """Score the fixed-seed eval samples (main process) and save a captioned grid of them."""
-        state = self.state
+        """Score the fixed-seed eval samples (main process) and save a captioned grid of them.
+
+        A sharded model computes on every process at once: then all of them generate and score, and the
+        main one reports."""
+        state, main = self.state, self.accelerator.is_main_process
         metrics: dict[str, float] = {}
-        if self.accelerator.is_main_process:
+        if main or self.sharded:
             result = evaluation.evaluate(self.config, state.backbone, self.eval_sampler, state.rewards)
             metrics = result.means()
             self.monitor.on_eval(step, result, metrics, state.backbone, self.core.rollout.guidance_scale)
+            if self.core.pareto.enabled and step == self.core.train.steps:
+                metrics.update(self._pareto_front())
+        if main:
             name = "before" if step == 0 else "after" if step == self.core.train.steps else f"step-{step:06d}"
             evaluation.save_grid(result.media, result.prompts, self.run_dir / "samples" / f"{name}.png",
                                  self.core.eval.grid_size)
@@ -401,22 +452,21 @@ class Trainer:
             key = evaluation.accuracy_key(self.config)
             if key in result.scores and step in (0, self.core.train.steps):
                 self._eval_scores[step] = result.scores[key]
-            if self.core.pareto.enabled and step == self.core.train.steps:
-                metrics.update(self._pareto_front())
             state.plugins.hook.gyremedia_on_eval(state=state, media=result.media, metrics=metrics)
         self.accelerator.wait_for_everyone()
         return metrics
 
     def _pareto_front(self) -> dict[str, float]:
-        """Sweep the preference weights of the trained model; write the front (json, plot) to the run folder."""
+        """Sweep the preference weights of the trained model; the main process writes the front (json, plot)."""
         front = evaluation.pareto_front(self.config, self.state.backbone, self.eval_sampler, self.state.rewards)
-        (self.run_dir / "pareto_front.json").write_text(json.dumps(front, indent=1))
         names = [s.name for s in self.config.rewards]
-        base = self._base_metrics
-        plot_pareto_front(front, names, self.run_dir / "pareto_front.png",
-                          base={n: base[f"eval/{n}"] for n in names} if base else None)
-        logger.info("pareto front: %s", "; ".join(f"{p['weights']}: " + ", ".join(f"{n} {p[n]:.3f}" for n in names)
-                                                  for p in front))
+        if self.accelerator.is_main_process:
+            (self.run_dir / "pareto_front.json").write_text(json.dumps(front, indent=1))
+            base = self._base_metrics
+            plot_pareto_front(front, names, self.run_dir / "pareto_front.png",
+                              base={n: base[f"eval/{n}"] for n in names} if base else None)
+            logger.info("pareto front: %s", "; ".join(f"{p['weights']}: " + ", ".join(f"{n} {p[n]:.3f}" for n in names)
+                                                      for p in front))
         return {f"pareto/{i}/{name}": point[name] for i, point in enumerate(front) for name in names}
 
     # ------------------------------------------------------------------ loop
@@ -433,10 +483,13 @@ class Trainer:
             return {k: v for k, v in call_each(state.plugins.pm, "gyremedia_on_save_checkpoint", state=state,
                                                path=folder).items() if v is not None}
 
+        # sharded, both are collectives that give the whole state to the main process
+        optimizer_state = (sharding.full_optimizer_state_dict(self._trained_module, state.optimizer) if self.sharded
+                           else state.optimizer.state_dict())
         path = ckpt.save_checkpoint(
             self.accelerator, self.run_dir, state.step, weights=state.backbone.trainable_state_dict(),
-            optimizer=state.optimizer, scheduler=state.lr_scheduler, plugin_state=plugin_state,
-            keep_last=self.core.checkpoint.keep_last,
+            optimizer_state=optimizer_state, scheduler=state.lr_scheduler, plugin_state=plugin_state,
+            keep_last=self.core.checkpoint.keep_last, sharded=self.sharded,
             component_state={name: c.state_dict() for name, c in self._stateful_components().items()},
         )
         self._last_save = (state.step, time.monotonic())
@@ -454,6 +507,8 @@ class Trainer:
 
     def finish(self) -> None:
         """Main process: plot the metrics and export the trained generator into the run folder."""
+        if self.sharded and self.core.export.on_train_end:
+            self.state.backbone.unshard()  # every process sends its shards; the main one gets the whole model
         if not self.accelerator.is_main_process:
             return
         metrics_file = self.run_dir / "metrics.jsonl"

@@ -1,6 +1,7 @@
 """Worker for tests/test_distributed.py: trains the tiny config and dumps what each rank saw.
 
-Run with plain ``python`` (one process) or under ``accelerate launch`` (several); writes
+Run with plain ``python`` (one process) or under ``accelerate launch`` (several), ``--resume`` among the
+overrides to continue the run in ``run.output_dir``; writes
 ``OUT/rank{r}.json`` with every step's sample ids, rewards and advantages, and the final weights.
 """
 
@@ -30,19 +31,25 @@ class StepRecorder:
             "rewards": rollout.reward.tolist(),
             "advantages": rollout.advantages.tolist(),
             "reward_metric": metrics["reward"],
+            # parameters this process holds (its shards when sharded) and those of the whole model
+            "local_parameters": sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                                    for p in state.backbone.trainable_module().parameters()),
+            "parameters": sum(p.numel() for p in state.backbone.trainable_module().parameters()),
         })
 
 
 def main(config_path: str, out_dir: str, *overrides: str) -> None:
     recorder = StepRecorder()
     pm = PluginManager(extra_plugins=[recorder])
-    config = resolve_config(load_config(config_path, list(overrides)), pm)
-    state = Trainer(config, pm).train()
-    weights = torch.cat([p.detach().flatten() for p in state.backbone.trainable_module().parameters()])
+    resume = "--resume" in overrides
+    config = resolve_config(load_config(config_path, [o for o in overrides if o != "--resume"]), pm)
+    state = Trainer(config, pm, resume=resume).train()
+    # the whole weights: a sharded run's are gathered to the main process for its export
+    weights = [p.detach().flatten() for p in state.backbone.trainable_module().parameters() if not hasattr(p, "to_local")]
     rank = state.accelerator.process_index
     # Metrics whose keys differ between ranks (a reward that failed on one rank logs no components there).
     uneven = {"shared": torch.tensor([float(rank), float("nan")]), f"rank{rank}_only": torch.tensor([rank + 1.0])}
-    record = {"num_processes": state.accelerator.num_processes, "steps": recorder.steps, "weights": weights.tolist(),
+    record = {"num_processes": state.accelerator.num_processes, "steps": recorder.steps, "weights": torch.cat(weights).tolist() if weights else [],
               "uneven_means": global_nanmeans(state.accelerator, uneven)}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(record))
 

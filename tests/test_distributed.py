@@ -16,7 +16,7 @@ OVERRIDES = ["rollout.batch_size=12", "rollout.group_size=4", "train.steps=3", "
 
 def run_worker(tiny_yaml, out: Path, processes: int, extra: tuple[str, ...] = ()) -> list[dict]:
     out.mkdir()
-    overrides = [*OVERRIDES, *extra, f"run.output_dir={out / 'run'}"]
+    overrides = [*OVERRIDES, f"run.output_dir={out / 'run'}", *extra]
     if processes == 1:
         command = [sys.executable, str(WORKER), str(tiny_yaml), str(out), *overrides]
     else:
@@ -29,10 +29,21 @@ def run_worker(tiny_yaml, out: Path, processes: int, extra: tuple[str, ...] = ()
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(processes)]
 
 
+@pytest.fixture(scope="module")
+def single_and_ddp(tmp_path_factory) -> tuple[dict, list[dict]]:
+    """The tiny run on one process and on two (DDP), shared by the tests that compare with them."""
+    from conftest import TINY_YAML
+
+    root = tmp_path_factory.mktemp("reference")
+    config = root / "tiny.yaml"
+    config.write_text(TINY_YAML.replace("RUN_DIR", str(root / "run")))
+    (single,) = run_worker(config, root / "one", 1)
+    return single, run_worker(config, root / "two", 2)
+
+
 @pytest.mark.slow
-def test_two_processes_match_one_process(tiny_yaml, tmp_path):
-    (single,) = run_worker(tiny_yaml, tmp_path / "one", 1)
-    ranks = run_worker(tiny_yaml, tmp_path / "two", 2)
+def test_two_processes_match_one_process(single_and_ddp):
+    single, ranks = single_and_ddp
     assert [r["num_processes"] for r in ranks] == [2, 2]
     first = [rank["steps"][0] for rank in ranks]
     assert first[0]["sample_ids"] == list(range(6)) and first[1]["sample_ids"] == list(range(6, 12))
@@ -50,6 +61,45 @@ def test_two_processes_match_one_process(tiny_yaml, tmp_path):
     assert ranks[0]["weights"] == ranks[1]["weights"]
     # Keys present on one rank only are still averaged over every rank, without a mismatched collective.
     assert ranks[0]["uneven_means"] == ranks[1]["uneven_means"] == {"rank0_only": 1.0, "rank1_only": 2.0, "shared": 0.5}
+
+
+@pytest.mark.slow
+def test_fsdp2_shards_the_model_and_trains_as_ddp(single_and_ddp, tiny_yaml, tmp_path):
+    """train.sharding=fsdp2 on two gloo processes: each holds half of every parameter, the advantages are the
+    one-process run's, and after 3 steps the gathered weights equal DDP's (1e-6: the reduction order of the
+    gradients differs). A sharded run resumed after step 2 ends where the uninterrupted one does, and its
+    export is a whole stock pipeline."""
+    single, ddp = single_and_ddp
+    sharded = ("train.sharding=fsdp2", "export.on_train_end=true")
+    ranks = run_worker(tiny_yaml, tmp_path / "fsdp", 2, sharded)
+    for rank in ranks:
+        total, held = rank["steps"][0]["parameters"], rank["steps"][0]["local_parameters"]
+        assert total > 10_000 and abs(held - total / 2) <= 0.01 * total, (held, total)
+    for step in range(3):
+        advantages = torch.tensor(ranks[0]["steps"][step]["advantages"] + ranks[1]["steps"][step]["advantages"])
+        expected = torch.tensor(ddp[0]["steps"][step]["advantages"] + ddp[1]["steps"][step]["advantages"])
+        torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(ranks[0]["steps"][0]["advantages"] + ranks[1]["steps"][0]["advantages"]),
+                               torch.tensor(single["steps"][0]["advantages"]), rtol=0, atol=1e-5)
+    gathered, replicated = torch.tensor(ranks[0]["weights"]), torch.tensor(ddp[0]["weights"])
+    torch.testing.assert_close(gathered, replicated, rtol=0, atol=1e-6)
+    assert ranks[1]["weights"] == []  # the other process never holds the whole model
+
+    # interrupted after step 2, resumed: the sharded optimizer state comes back whole
+    first = run_worker(tiny_yaml, tmp_path / "part", 2, (*sharded, "train.steps=2", "checkpoint.every=1",
+                                                         f"run.output_dir={tmp_path / 'resumed'}"))
+    assert len(first[0]["steps"]) == 2
+    resumed = run_worker(tiny_yaml, tmp_path / "rest", 2, (*sharded, "--resume", f"run.output_dir={tmp_path / 'resumed'}"))
+    assert len(resumed[0]["steps"]) == 1
+    torch.testing.assert_close(torch.tensor(resumed[0]["weights"]), gathered, rtol=0, atol=0)
+
+    script = ("import sys, torch; from diffusers import StableDiffusion3Pipeline; "
+              "pipe = StableDiffusion3Pipeline.from_pretrained(sys.argv[1]); "
+              "print(sum(p.numel() for p in pipe.transformer.parameters()))")
+    loaded = subprocess.run([sys.executable, "-c", script, str(tmp_path / "fsdp" / "run" / "pipeline")],
+                            capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert int(loaded.stdout.split()[-1]) == ranks[0]["steps"][0]["parameters"]
 
 
 PARETO_AND_HINGE = ("pareto.enabled=true", "backbone.preference_inputs=2", "rewards=[jpeg_compressibility, shapes_verifier]",

@@ -63,7 +63,7 @@ class CausalLMBackbone(TransformerPolicy):
         self.transformer = AutoModelForCausalLM.from_pretrained(options.pretrained, dtype=DTYPES[options.dtype])
         self.transformer.to(self.device)
         self.transformer.generation_config.pad_token_id = self.tokenizer.pad_token_id
-        self._prepare_training(options.lora, options.gradient_checkpointing)
+        self._prepare_training(options.lora, options.gradient_checkpointing, context.mixed_precision)
         self.max_new_tokens = options.max_new_tokens
         self.temperature = options.temperature
         self._token_cache: dict[str, list[int]] = {}
@@ -94,8 +94,9 @@ class CausalLMBackbone(TransformerPolicy):
         """The model's logits (and cache) for ``ids``; positions count only attended tokens (left padding)."""
         positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
         if use_cache:
-            out = self.transformer(input_ids=ids, attention_mask=attention, position_ids=positions, cache=past,
-                                   use_cache=True)
+            with self._autocast():
+                out = self.transformer(input_ids=ids, attention_mask=attention, position_ids=positions, cache=past,
+                                       use_cache=True)
             return out.logits, out.cache
         return self._forward(reference, input_ids=ids, attention_mask=attention, position_ids=positions,
                              use_cache=False)

@@ -24,6 +24,8 @@ class DenoisingPolicy:
     """Rollouts, media, evaluation samples and reference drift for a backbone that denoises states."""
 
     transitions = "denoising"
+    # every process samples the same number of chunks and steps, so sharded forwards stay in lockstep
+    shardable = True
     device: torch.device
 
     def sigmas(self, num_steps: int) -> torch.Tensor:

@@ -13,6 +13,9 @@ import torch
 
 from gyremedia.options import OptionError, option
 
+# train.mixed_precision: the autocast dtype of every forward (None: the weights' own dtype)
+MIXED_PRECISION: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bfloat16}
+
 
 @dataclass
 class LoraOptions:
@@ -39,24 +42,24 @@ class TransformerPolicy:
     transformer: torch.nn.Module
     device: torch.device
 
-    def _prepare_training(self, lora: LoraOptions, gradient_checkpointing: bool) -> None:
-        """Add LoRA adapters (fp32, whatever the base weights are) and gradient checkpointing if asked."""
+    def _prepare_training(self, lora: LoraOptions, gradient_checkpointing: bool, mixed_precision: str = "none") -> None:
+        """Add LoRA adapters (fp32, whatever the base weights are) and gradient checkpointing if asked.
+
+        ``mixed_precision="bf16"`` computes every forward (rollout, training, reference) under bf16 autocast, so
+        they agree bit for bit; the trained weights stay fp32 (master weights) and, under LoRA, the frozen base
+        weights become bf16."""
         self.lora_enabled = lora.enabled
         self._reference_transformer: torch.nn.Module | None = None
+        self._sharded = False
+        self._autocast_dtype = MIXED_PRECISION[mixed_precision]
+        if self._autocast_dtype is not None:
+            self.transformer.to(self._autocast_dtype if lora.enabled else torch.float32)
         if lora.enabled:
-            from peft import LoraConfig, inject_adapter_in_model
+            from peft import LoraConfig
 
             self.transformer.requires_grad_(False)
-            config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
-                                init_lora_weights="gaussian")
-            # peft's own injection, the same for diffusers and transformers models (their add_adapter wrappers
-            # pin different peft versions); the config is kept where both libraries and peft look for it.
-            inject_adapter_in_model(config, self.transformer, adapter_name="default")
-            self.transformer.peft_config = {"default": config}
-            self.transformer._hf_peft_config_loaded = True
-            for p in self.transformer.parameters():
-                if p.requires_grad:
-                    p.data = p.data.float()
+            add_adapters(self.transformer, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, init_lora_weights="gaussian",
+                                                      target_modules=list(lora.target_modules)))
         if gradient_checkpointing:  # diffusers' name, then transformers'
             enable = getattr(self.transformer, "enable_gradient_checkpointing", None)
             (enable or self.transformer.gradient_checkpointing_enable)()
@@ -77,17 +80,56 @@ class TransformerPolicy:
         if not self.lora_enabled and self._reference_transformer is None:
             self._reference_transformer = copy.deepcopy(self.transformer).requires_grad_(False).eval()
 
+    def shard(self) -> int:
+        """Shard the transformer (and a frozen reference copy) over the processes, FSDP2 (see
+        :mod:`gyremedia.sharding`); returns the number of blocks each is sharded by."""
+        from gyremedia import sharding
+
+        if self._extra_trainable():
+            raise ValueError(f"{', '.join(self._extra_trainable())} cannot be trained sharded yet: "
+                             "use train.sharding=none")
+        units = sharding.shard(self.transformer)
+        if self._reference_transformer is not None:
+            sharding.shard(self._reference_transformer)
+        self._sharded = True
+        return units
+
+    def unshard(self) -> None:
+        """At the end of a sharded run, give the main process a whole transformer to export (a collective:
+        every process calls it; the others keep their shards)."""
+        from gyremedia import sharding
+
+        if not self._sharded:
+            return
+        adapters = self.transformer.peft_config["default"] if self.lora_enabled else None
+        whole = sharding.unsharded_copy(self.transformer, prepare=(lambda m: add_adapters(m, adapters)) if adapters else None)
+        if whole is not None:
+            self.transformer = self._training_module = whole
+            self._sharded = False
+            self._transformer_replaced()
+
+    def _transformer_replaced(self) -> None:
+        """Called after :meth:`unshard` put a new module in ``self.transformer`` (point containers at it)."""
+
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        if self.lora_enabled:
+        """What a checkpoint keeps: the adapters (and extra modules) under LoRA, else every weight. Sharded,
+        a collective that gives the whole of it to the main process (the others get an empty dict)."""
+        from gyremedia import sharding
+
+        state = sharding.full_state_dict(self.transformer) if self._sharded else self.transformer.state_dict()
+        if self.lora_enabled and state:
             from peft import get_peft_model_state_dict
 
-            state = get_peft_model_state_dict(self.transformer)
-            for name, module in self._extra_trainable().items():
-                state.update({f"{name}.{k}": v for k, v in module.state_dict().items()})
-            return {k: v.detach().clone() for k, v in state.items()}
-        return {k: v.detach().clone() for k, v in self.transformer.state_dict().items()}
+            adapters = get_peft_model_state_dict(self.transformer, state_dict=state)
+            for name in self._extra_trainable():
+                adapters.update({k: v for k, v in state.items() if k.startswith(f"{name}.")})
+            state = adapters
+        return {k: v.detach().clone() for k, v in state.items()}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what :meth:`trainable_state_dict` returned (before the transformer is sharded)."""
+        if self._sharded:
+            raise RuntimeError("load the checkpoint's weights before sharding the transformer")
         if not self.lora_enabled:
             self.transformer.load_state_dict(state)
             return
@@ -101,9 +143,23 @@ class TransformerPolicy:
         if getattr(result, "unexpected_keys", None):
             raise ValueError(f"checkpoint has adapter weights this model lacks: {result.unexpected_keys[:5]}")
 
+    @property
+    def state_dtype(self) -> torch.dtype:
+        """The dtype of the denoised states: fp32 under mixed precision, else the transformer's."""
+        return torch.float32 if self._autocast_dtype is not None else self.transformer.dtype
+
     def _forward(self, reference: bool, **inputs) -> torch.Tensor:
         """The transformer's output for ``inputs``: the training wrapper when gradients are on, the
-        frozen reference (no gradients) when ``reference``."""
+        frozen reference (no gradients) when ``reference``; under autocast with mixed precision."""
+        with self._autocast():
+            return self._forward_module(reference, **inputs)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """Autocast to ``train.mixed_precision`` (a no-op without it): wraps every call of the transformer."""
+        dtype = self._autocast_dtype
+        return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+    def _forward_module(self, reference: bool, **inputs) -> torch.Tensor:
         if not reference:
             module = self._training_module if torch.is_grad_enabled() else self.transformer
             return module(**inputs, return_dict=False)[0]
@@ -118,6 +174,21 @@ class TransformerPolicy:
     def _merged_transformer(self) -> torch.nn.Module:
         """The transformer with LoRA adapters folded in (a copy), or itself without LoRA."""
         return merge_adapters(self.transformer) if self.lora_enabled else self.transformer
+
+
+def add_adapters(model: torch.nn.Module, config) -> None:
+    """Wrap ``config.target_modules`` of ``model`` in fp32 LoRA adapters (whatever the base weights are).
+
+    peft's own injection, the same for diffusers and transformers models (their ``add_adapter`` wrappers pin
+    different peft versions); the config is kept where both libraries and peft look for it."""
+    from peft import inject_adapter_in_model
+
+    inject_adapter_in_model(config, model, adapter_name="default")
+    model.peft_config = {"default": config}
+    model._hf_peft_config_loaded = True
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
 
 
 @contextlib.contextmanager

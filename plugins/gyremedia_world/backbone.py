@@ -94,7 +94,7 @@ class VideoWorldBackbone(TransformerPolicy, DenoisingPolicy):
             raise ValueError(f"{options.pretrained}: trained on actions {self.world['actions']}, this world has {list(ACTIONS)}")
         self.clip_frames = int(self.world["clip_frames"])
         self.transformer.to(self.device)
-        self._prepare_training(options.lora, options.gradient_checkpointing)
+        self._prepare_training(options.lora, options.gradient_checkpointing, context.mixed_precision)
 
     # ------------------------------------------------------------------ policy
 

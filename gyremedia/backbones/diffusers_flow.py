@@ -1,0 +1,208 @@
+"""What every flow-matching backbone on a stock diffusers pipeline shares (SD3, FLUX, Wan, Qwen-Image).
+
+The pipeline's text encoders and VAE stay frozen; its transformer is the policy (full or LoRA, see
+:mod:`gyremedia.backbones.transformer_policy`). Convention: ``x_sigma = (1 - sigma) x0 + sigma eps``; the
+transformer predicts ``v = eps - x0``. A subclass names its pipeline class and supplies what differs between
+architectures: how one prompt is encoded, the state's shape, the transformer's inputs (packing, position ids,
+guidance embedding), how two predictions combine under classifier-free guidance, and how a state decodes.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from gyremedia.backbones.denoising import DenoisingPolicy
+from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolicy
+from gyremedia.interfaces import BuildContext
+from gyremedia.options import option, pretrained_source
+from gyremedia.rollout import Media
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class PipelineOptions:
+    """Options every diffusers flow-matching backbone has; a backbone's options add its ``tiny`` sizes."""
+
+    pretrained: str | None = option(None, check=pretrained_source, help="pipeline folder or hub id; None builds `tiny`")
+    dtype: Literal["float32", "bfloat16", "float16"] = option("float32", help="weights of the frozen parts and "
+                                                                              "the transformer")
+    max_sequence_length: int = option(256, ge=1, help="text tokens per prompt (the pipeline's max_sequence_length)")
+    negative_prompt: str = option("", help="the unconditional prompt of classifier-free guidance")
+    lora: LoraOptions = field(default_factory=LoraOptions)
+    gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
+
+
+class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
+    """A diffusers flow-matching pipeline seen as a policy over denoising transitions of its latent."""
+
+    prediction = "velocity"
+    pipeline_class: ClassVar[str]  # the diffusers pipeline class a folder loads and an export is
+    # what the transformer's ``timestep`` input is per unit of sigma (SD3 and Wan: 1000; FLUX, Qwen-Image: 1)
+    timestep_scale: ClassVar[float] = 1000.0
+
+    def __init__(self, options: PipelineOptions, context: BuildContext) -> None:
+        self.options = options
+        self.device = context.device
+        dtype = DTYPES[options.dtype]
+        pipeline_class = self.stock_pipeline_class()
+        if options.pretrained:
+            # a component saved as null (e.g. SD3 without T5) loads only when named as None
+            index = pipeline_class.load_config(options.pretrained)
+            absent = {name: None for name, entry in index.items()
+                      if isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] is None}
+            self.pipeline = pipeline_class.from_pretrained(options.pretrained, dtype=dtype, **absent)
+        else:
+            self.pipeline = self.build_tiny(options)
+            if dtype != torch.float32:
+                self.pipeline.to(dtype=dtype)
+        self.pipeline.set_progress_bar_config(disable=True)
+        self.pipeline.to(self.device)
+        for name, part in self.pipeline.components.items():
+            if isinstance(part, torch.nn.Module) and name != "transformer":
+                part.requires_grad_(False).eval()
+        self.transformer = self.pipeline.transformer
+        self.scheduler = self.pipeline.scheduler
+        self._prepare_training(options.lora, options.gradient_checkpointing, context.mixed_precision)
+        self._prompt_cache: dict[str, dict[str, torch.Tensor]] = {}
+
+    @classmethod
+    def stock_pipeline_class(cls) -> type:
+        import diffusers
+
+        return getattr(diffusers, cls.pipeline_class)
+
+    def build_tiny(self, options: PipelineOptions):
+        """A tiny random-weight pipeline of this architecture from ``options.tiny`` (offline)."""
+        raise NotImplementedError
+
+    def _transformer_replaced(self) -> None:
+        self.pipeline.transformer = self.transformer
+
+    # ------------------------------------------------------------------ architecture hooks
+
+    def encode_prompt(self, prompt: str) -> dict[str, torch.Tensor]:
+        """The conditions of one prompt, without a batch dimension (fixed shapes: they stack)."""
+        raise NotImplementedError
+
+    def state_shape(self) -> tuple[int, ...]:
+        """The shape of one sample's state (the latent the sampler steps), without the batch dimension."""
+        raise NotImplementedError
+
+    def transformer_inputs(self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor],
+                           guidance_scale: float) -> dict[str, Any]:
+        """The keyword arguments of the transformer for states ``x`` at ``timestep [B]``."""
+        raise NotImplementedError
+
+    def velocity(self, output: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The transformer's output as a velocity in the state's layout (e.g. unpacked)."""
+        return output
+
+    def uses_cfg(self, guidance_scale: float) -> bool:
+        """Whether ``guidance_scale`` means classifier-free guidance (two predictions) for this model."""
+        return guidance_scale > 1.0
+
+    def guided(self, unconditional: torch.Tensor, conditional: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+        """Classifier-free guidance: ``v_u + s (v_c - v_u)``."""
+        return unconditional + guidance_scale * (conditional - unconditional)
+
+    def timesteps_arguments(self, num_steps: int) -> dict[str, Any]:
+        """Extra ``scheduler.set_timesteps`` arguments the stock pipeline passes (e.g. sigmas and a shift ``mu``)."""
+        return {}
+
+    def generation_arguments(self) -> dict[str, Any]:
+        """The stock pipeline's call arguments that reproduce how this model was trained (sizes, text length)."""
+        return {"max_sequence_length": self.options.max_sequence_length}
+
+    # ------------------------------------------------------------------ policy
+
+    def sigmas(self, num_steps: int) -> torch.Tensor:
+        """The noise levels the stock pipeline uses for ``num_steps`` steps, from 1 down to 0."""
+        scheduler = copy.deepcopy(self.scheduler)
+        scheduler.set_timesteps(num_steps, device=self.device, **self.timesteps_arguments(num_steps))
+        return scheduler.sigmas.float()
+
+    def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """Conditions from the pipeline's own encoders, computed once per distinct prompt.
+
+        Each prompt is encoded alone: a batched encoder's output can differ in its last bits with the
+        batch it was computed in, and a resumed run (whose cache starts empty) must see the same numbers.
+        """
+        for prompt in dict.fromkeys(prompts):
+            if prompt not in self._prompt_cache:
+                with torch.no_grad():
+                    self._prompt_cache[prompt] = self.encode_prompt(prompt)
+        return {key: torch.stack([self._prompt_cache[p][key] for p in prompts]) for key in self._prompt_cache[prompts[0]]}
+
+    def sample_noise(self, generators: list[torch.Generator]) -> torch.Tensor:
+        noise = torch.stack([torch.randn(self.state_shape(), generator=g) for g in generators])
+        return noise.to(self.device, self.state_dtype)
+
+    def predict(self, x: torch.Tensor, sigma: torch.Tensor, conditions: dict[str, torch.Tensor],
+                guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+        """The velocity at states ``x`` and noise level ``sigma`` (one for the batch, or one per sample)."""
+        conditions = {k: v for k, v in conditions.items() if k != "preference"} | self.extra_conditions(conditions,
+                                                                                                         reference)
+        timestep = (sigma * self.timestep_scale).to(x.dtype).reshape(-1).expand(x.shape[0])
+        cfg = self.uses_cfg(guidance_scale)
+        if cfg:
+            negative = self.encode([self.options.negative_prompt] * x.shape[0])
+            conditions = {k: torch.cat([negative[k], v]) for k, v in conditions.items()}
+            x, timestep = torch.cat([x, x]), torch.cat([timestep, timestep])
+        output = self._forward(reference, **self.transformer_inputs(x, timestep, conditions, guidance_scale))
+        output = self.velocity(output, x)
+        if cfg:
+            return self.guided(*output.chunk(2), guidance_scale)
+        return output
+
+    def extra_conditions(self, conditions: dict[str, torch.Tensor], reference: bool) -> dict[str, torch.Tensor]:
+        """Conditions derived from others before the forward (SD3: the preference input); none by default."""
+        return {}
+
+    # ------------------------------------------------------------------ export
+
+    def save_pretrained(self, out_dir: Path, *, merge_lora: bool = True) -> None:
+        """Write a stock pipeline folder that diffusers loads without gyremedia.
+
+        Under LoRA, ``merge_lora`` folds the adapters into a copy of the weights; otherwise only the
+        adapters are written, in the format ``pipe.load_lora_weights(out_dir)`` reads.
+        """
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        adapters_only = self.lora_enabled and not merge_lora
+        (out_dir / "README.md").write_text(self.usage(out_dir, adapters_only))
+        pipeline_class = self.stock_pipeline_class()
+        if adapters_only:
+            from peft import get_peft_model_state_dict
+
+            pipeline_class.save_lora_weights(
+                out_dir, transformer_lora_layers=get_peft_model_state_dict(self.transformer),
+                transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict())
+            return
+        pipeline_class(**{**self.pipeline.components, "transformer": self.export_transformer()}).save_pretrained(out_dir)
+
+    def export_transformer(self) -> torch.nn.Module:
+        """The transformer an export writes: LoRA merged, extra modules of our own removed."""
+        return self._merged_transformer()
+
+    def usage(self, out_dir: Path, adapters_only: bool) -> str:
+        """How to load and call what :meth:`save_pretrained` wrote, with plain diffusers."""
+        name = self.pipeline_class
+        base = self.options.pretrained or "BASE_PIPELINE_FOLDER"
+        arguments = "".join(f", {k}={v!r}" for k, v in self.generation_arguments().items())
+        # components this pipeline lacks (e.g. SD3 without T5) load only when named as None
+        optional = set(getattr(self.stock_pipeline_class(), "_optional_components", ()))
+        absent = "".join(f", {n}=None" for n, c in self.pipeline.components.items() if c is None and n not in optional)
+        lines = ["# Trained with gyremedia", "", "```python", f"from diffusers import {name}", "",
+                 f'pipe = {name}.from_pretrained("{base if adapters_only else out_dir}"{absent})']
+        if adapters_only:
+            lines.append(f'pipe.load_lora_weights("{out_dir}")')
+        lines += [f'output = pipe("a prompt"{arguments})', "```", "",
+                  "The arguments after the prompt are the ones it was trained with (sizes, text tokens): "
+                  "other values work, but move away from what training saw.", ""]
+        return "\n".join(lines)
