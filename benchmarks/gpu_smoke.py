@@ -1,12 +1,16 @@
-"""A first GPU run through the core: 10 Flow-GRPO quickstart steps in fp32 and in bf16 on one CUDA device.
+"""A first GPU run through the core: a few Flow-GRPO steps of every architecture's tiny replica and of an
+SD3.5-Medium-sized random-weight transformer, in bf16 with LoRA, on one CUDA device.
 
-    python benchmarks/gpu_smoke.py [--steps 10]
+    python benchmarks/gpu_smoke.py [--steps 4] [--skip-large]
 
-Prints one JSON line: per precision, the first on-policy update's mean importance ratio (exactly 1.0
-when replay reproduces the rollout) and approximate KL (exactly 0), steps per second (rollout, reward
-and update, over the steps after the first, which pays for warm-up), and peak GPU memory. Also the device, torch and CUDA
-versions. Takes about a minute on a current GPU; it refuses to run without CUDA, since on a CPU it
-would measure nothing this script is for (tests/test_device_placement.py covers device placement there).
+Prints one JSON line: per run, the first on-policy update's mean importance ratio (exactly 1.0 when replay
+reproduces the rollout) and approximate KL (exactly 0), steps per second (rollout, reward and update, over
+the steps after the first, which pays for warm-up), peak GPU memory and the transformer's size; also the
+device, torch and CUDA versions. The runs: the quickstart recipe in fp32 and under bf16 autocast, then
+flow_matching / flux / wan / qwen_image tiny replicas and the 2.2 B-parameter SD3.5-Medium-shaped
+transformer (24 joint blocks of 24 x 64 heads, 512 px) under `train.mixed_precision=bf16` with LoRA. Takes a
+few minutes on a current GPU; it refuses to run without CUDA, since on a CPU it would measure nothing this
+script is for (tests/test_device_placement.py covers device placement there).
 """
 
 from __future__ import annotations
@@ -24,39 +28,65 @@ from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
-PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
+COMMON = ["eval.prompts_file=null", "eval.samples=4", "eval.grid_size=4", "checkpoint.every=1000",
+          "export.on_train_end=false", "logging.progress=false"]
+BF16_LORA = ["train.mixed_precision=bf16", "backbone.lora.enabled=true"]
+TINY = ["rollout.batch_size=8", "rollout.group_size=4", "rewards=[jpeg_compressibility]", "data.prompts_file=null",
+        "data.prompts=[a red circle, two green triangles]", "backbone.pretrained=null"]
+# SD3.5 Medium's transformer shape: 24 joint blocks, 24 heads of 64, 16 latent channels; 64x64 latents = 512 px
+SD35_MEDIUM = ["backbone.tiny.num_layers=24", "backbone.tiny.num_attention_heads=24", "backbone.tiny.attention_head_dim=64",
+               "backbone.tiny.latent_channels=16", "backbone.tiny.latent_size=64", "backbone.tiny.vae_channels=[32,64,64,64]",
+               "backbone.tiny.text_hidden_size=384", "backbone.max_sequence_length=1"]
+RUNS = {
+    "quickstart_fp32": [],
+    "quickstart_bf16_autocast": ["train.mixed_precision=bf16"],
+    "flow_matching_tiny": [*TINY, *BF16_LORA, "backbone.name=flow_matching"],
+    "flux_tiny": [*TINY, *BF16_LORA, "backbone={name: flux}"],
+    "wan_tiny": [*TINY, *BF16_LORA, "backbone={name: wan}"],
+    "qwen_image_tiny": [*TINY, *BF16_LORA, "backbone={name: qwen_image}"],
+    "sd35_medium_shape": [*TINY, *BF16_LORA, "backbone.name=flow_matching", *SD35_MEDIUM, "rollout.batch_size=4",
+                          "rollout.group_size=2"],
+}
 
 
-def run(precision: str, steps: int, root: Path) -> dict[str, float]:
-    """Train the quickstart's Flow-GRPO recipe for ``steps`` steps at ``precision``; its figures."""
+def run(name: str, overrides: list[str], steps: int, root: Path) -> dict[str, float]:
+    """Train the quickstart's Flow-GRPO recipe with ``overrides`` for ``steps`` steps; its figures."""
     pm = PluginManager()
-    overrides = [f"run.output_dir={root / precision}", f"train.steps={steps}", f"backbone.dtype={PRECISIONS[precision]}",
-                 "eval.prompts_file=null", "eval.samples=16", "checkpoint.every=1000", "export.on_train_end=false",
-                 "logging.progress=false"]
-    config = resolve_config(load_config(bundled_config("quickstart_grpo.yaml"), overrides), pm)
+    config = resolve_config(load_config(bundled_config("quickstart_grpo.yaml"),
+                                        [f"run.output_dir={root / name}", f"train.steps={steps}", *COMMON, *overrides]), pm)
     torch.cuda.reset_peak_memory_stats()
-    Trainer(config, pm).train()
+    trainer = Trainer(config, pm)
+    state = trainer.train()
     torch.cuda.synchronize()
-    lines = [json.loads(line) for line in (root / precision / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (root / name / "metrics.jsonl").read_text().splitlines()]
     steps_seen = [m for m in lines if "time/train" in m]
     later = steps_seen[1:] or steps_seen  # the first step pays for warm-up
     seconds = [m["time/rollout"] + m["time/reward"] + m["time/train"] for m in later]
     return {"ratio_first_step": steps_seen[0]["ratio"], "approx_kl_first_step": steps_seen[0]["approx_kl"],
-            "steps_per_s": len(seconds) / sum(seconds), "peak_memory_mb": torch.cuda.max_memory_allocated() / 2**20}
+            "steps_per_s": len(seconds) / sum(seconds), "peak_memory_mb": torch.cuda.max_memory_allocated() / 2**20,
+            "transformer_parameters": sum(p.numel() for p in state.backbone.transformer.parameters())}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--skip-large", action="store_true", help="leave out the SD3.5-Medium-sized run")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(json.dumps({"error": "no CUDA device: this smoke test measures a GPU run"}))
         return 1
+    figures = {}
     with tempfile.TemporaryDirectory() as folder:
-        figures = {name: run(name, args.steps, Path(folder)) for name in PRECISIONS}
+        for name, overrides in RUNS.items():
+            if args.skip_large and name == "sd35_medium_shape":
+                continue
+            try:
+                figures[name] = run(name, overrides, args.steps, Path(folder))
+            except Exception as exc:  # noqa: BLE001 - report every run, including the ones that fail
+                figures[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
                       "steps": args.steps, **figures}))
-    return 0
+    return 0 if all("error" not in f for f in figures.values()) else 1
 
 
 if __name__ == "__main__":

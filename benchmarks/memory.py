@@ -1,17 +1,22 @@
 """Peak memory of one training step against model size: full fine-tune vs LoRA, gradient checkpointing on/off.
 
     python benchmarks/memory.py [--sizes 5M 25M 100M 200M] [--quick] [--modes full lora]
-                                [--checkpointing off on] [--steps 2] [--json PATH]
+                                [--checkpointing off on] [--steps 3] [--mixed-precision none]
+                                [--json PATH] [--report PATH ...]
+
+``--quick`` runs 5M and 25M only (8 configurations, about 2 minutes on 2 CPU cores); the full set, 16
+configurations, takes 4.5 to 11 minutes there, with other jobs on the cores or not.
 
 The flow_matching backbone's SD3 transformer (``SD3Transformer2DModel``, built from ``TinySD3Options``)
 scaled in width and depth (64 channels per head, as SD3's): 5M = 3 heads x 4 blocks, 25M = 6 x 5,
 100M = 10 x 7, 200M = 14 x 7. Everything else is small and fixed: latent 16 x 16 x 4 (64 image tokens
 after the 2 x 2 patches), two 1-layer CLIP encoders of width 32 (16 tokens) and the silent T5 (1 token),
-a 2-level VAE of 8 channels, rollout batch 4 in groups of 2, 2 transitions, fp32. The objective is Flow-GRPO
-(``grpo``, ``kl_beta=0``) with its ``flow_sde`` sampler: it keeps no second copy of any weights (NFT keeps
-an EMA old policy, a KL term a frozen reference), so the step holds exactly weights + gradients + AdamW
-states + activations; each of its 2 transitions is one micro-step (forward, backward) over the 4 samples,
-then one AdamW step. The reward is ``jpeg_compressibility`` (no assets).
+a 2-level VAE of 8 channels, rollout batch 4 in groups of 2, 2 transitions, fp32 (``--mixed-precision
+bf16``: ``train.mixed_precision=bf16``, bf16 autocast with fp32 master weights, LoRA's frozen base in bf16).
+The objective is Flow-GRPO (``grpo``, ``kl_beta=0``) with its ``flow_sde`` sampler: it keeps no second copy
+of any weights (NFT keeps an EMA old policy, a KL term a frozen reference), so the step holds exactly
+weights + gradients + AdamW states + activations; each of its 2 transitions is one micro-step (forward,
+backward) over the 4 samples, then one AdamW step. The reward is ``jpeg_compressibility`` (no assets).
 
 Each configuration runs in its own subprocess, started with ``MALLOC_MMAP_THRESHOLD_=65536`` so glibc
 maps every buffer of 64 KiB or more on its own and unmaps it on free: the resident set then follows the
@@ -23,23 +28,28 @@ forward and backward, gradient clipping, AdamW step), so each phase's peak is ex
 self-check at start (a 64 MiB tensor must raise the mark by 64 MiB) falls back to sampling /proc/self/statm
 every 5 ms in a thread where the reset is refused. Reported per configuration:
 
-* parameters of the transformer (total, trainable) and the analytic parts: weights (total x 4 bytes),
+* parameters of the transformer (total, trainable) and the analytic parts: weights (their own bytes),
   gradients (trainable x 4), AdamW states (2 x trainable x 4), the last two also measured (the RSS the
   last step's first backward keeps, and the RSS the first AdamW step, which allocates the states, keeps);
 * activations: the RSS the largest forward of the loss in the last step leaves behind for its backward
-  (saved tensors and the loss graph), measured;
+  (saved tensors and the loss graph), measured; in a bf16 full fine-tune without checkpointing it holds
+  autocast's bf16 copies of the fp32 weights (2 bytes per parameter), which the fits take out;
 * peak: the highest RSS over the steps minus the baseline (the model already loaded, no optimizer state
   yet): the memory training adds to a loaded model, in steady state (the second step holds the AdamW states
   from the first, and its second micro-step's activations meet the first one's gradients); and
   ``peak - grads - AdamW``, the part of it the analytic terms do not explain;
-* the phase where the peak occurred and the time of the last step (the first one warms up).
+* the phase where the peak occurred and the step time: the fastest step after the first (which warms up;
+  the minimum, because other jobs may share the CPU).
 
 Not included: the peak is over the training step only (the transformer, the frozen text encoders and VAE,
 torch and the rest of the process are in the baseline; the weights column is the transformer's alone), and
-CPU RSS is not GPU memory (no CUDA context, no caching allocator, fp32 everywhere). Prints a markdown
-table, the least-squares fits ``peak = a + b * params`` per mode, the activations per token per block per
-channel, and the paper extrapolation to SD3.5-Medium and FLUX.1-dev that they give (see its assumptions);
-``--json`` writes every number.
+CPU RSS is not GPU memory (no CUDA context, no caching allocator). Prints a markdown table, the least-squares
+fits ``peak = a + b * params`` and ``peak - grads - AdamW = a + c * units`` per mode (units = samples x tokens
+x blocks x width), the activations per sample x token x block x channel, and the paper extrapolation they give
+to bf16 training of SD3.5-Medium and FLUX.1-dev at 1024 x 1024 (exact weights, gradients, AdamW states and
+autocast weight copies; activations from the fit: see ``extrapolate``). ``--json`` writes every number;
+``--report`` prints the tables of such files again, joined (an fp32 run and a bf16 one: the extrapolation then
+uses the bf16 figures, and a bf16 / fp32 activation ratio is printed).
 """
 
 from __future__ import annotations
@@ -78,7 +88,7 @@ objective: {{name: grpo, kl_beta: 0.0}}
 rewards: [{{name: jpeg_compressibility}}]
 data: {{prompts: [a red circle, a blue square, two green triangles, a yellow circle left of a white square]}}
 rollout: {{batch_size: {batch}, group_size: {group}, num_steps: {transitions}, guidance_scale: 1.0}}
-train: {{steps: {steps}, learning_rate: 1.0e-5}}
+train: {{steps: {steps}, learning_rate: 1.0e-5{precision}}}
 checkpoint: {{every: 1000}}
 eval: {{samples: 2, grid_size: 2, every: 0}}
 export: {{on_train_end: false}}
@@ -206,7 +216,9 @@ def measure(spec: dict) -> dict:
                                       heads=heads, text_tokens=TEXT_TOKENS, batch=BATCH, group=GROUP,
                                       transitions=TRANSITIONS, steps=spec["steps"],
                                       checkpointing=str(spec["checkpointing"]).lower(),
-                                      lora=str(spec["mode"] == "lora").lower()))
+                                      lora=str(spec["mode"] == "lora").lower(),
+                                      precision=(", mixed_precision: bf16" if spec.get("mixed_precision") == "bf16"
+                                                 else "")))
         pm = PluginManager()
         trainer = Trainer(resolve_config(load_config(path), pm), pm)
         state = trainer.setup()
@@ -216,8 +228,8 @@ def measure(spec: dict) -> dict:
         weight_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
         trainable_bytes = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
         pipeline = state.backbone.pipeline
-        frozen_parts = sum(p.numel() for part in (pipeline.vae, pipeline.text_encoder, pipeline.text_encoder_2,
-                                                  pipeline.text_encoder_3) if part is not None for p in part.parameters())
+        frozen = [pipeline.vae, pipeline.text_encoder, pipeline.text_encoder_2, pipeline.text_encoder_3]
+        frozen_parts = sum(p.numel() for part in frozen if part is not None for p in part.parameters())
         tokens: dict[str, int] = {}
 
         def count_tokens(_, args, kwargs):
@@ -266,11 +278,12 @@ def measure(spec: dict) -> dict:
         **spec, "heads": heads, "layers": layers, "width": heads * 64, "params": total, "trainable": trainable,
         "frozen_parts_params": frozen_parts, "tokens": tokens, "micro_steps": len(forwards),
         "weights_bytes": weight_bytes, "grads_bytes": trainable_bytes, "adamw_bytes": 2 * trainable_bytes,
-        # what the first backward left (its activations freed, the gradients kept) and the first AdamW step allocated
+        # what the last step's first backward left (activations freed, gradients kept); what the first AdamW step kept
         "grads_measured": backward_1["rss_end"] - forward_1["rss_start"],
         "adamw_measured": adam_step["rss_end"] - adam_step["rss_start"],
         "activations": max(e["rss_end"] - e["rss_start"] for e in forwards),
-        "first_step_growth": None if after_first is None else after_first - baseline - (adam_step["rss_end"] - adam_step["rss_start"]),
+        "first_step_growth": (None if after_first is None
+                              else after_first - baseline - (adam_step["rss_end"] - adam_step["rss_start"])),
         "baseline_rss": baseline, "peak_rss": peak, "peak": peak - baseline,
         "peak_phase": f"step {top['step'] + 1} {top['phase']}" if top["peak"] >= meter.gap_peak else "between stages",
         "step_seconds": seconds, "grad_norm": [m.get("grad_norm") for m in metrics], "method": probe.method,
@@ -308,13 +321,55 @@ def mb(value: float) -> str:
 
 
 def label(r: dict) -> str:
-    return f"{r['mode']}{' + ckpt' if r['checkpointing'] else ''}"
+    bf16 = " bf16" if r.get("mixed_precision") == "bf16" else ""
+    return f"{r['mode']}{' + ckpt' if r['checkpointing'] else ''}{bf16}"
 
 
-def activation_unit(r: dict) -> float:
-    """Activations per (sample x token x block x channel), in bytes."""
+def step_time(r: dict) -> float:
+    """The fastest step after the first (the only one with ``--steps 1``)."""
+    return min(r["step_seconds"][1:] or r["step_seconds"])
+
+
+def units(r: dict) -> int:
+    """Samples x tokens x blocks x channels of the trained forward: what activations scale with."""
     t = r["tokens"]
-    return r["activations"] / (t["batch"] * (t["image"] + t["text"]) * r["layers"] * r["width"])
+    return t["batch"] * (t["image"] + t["text"]) * r["layers"] * r["width"]
+
+
+def is_bf16(r: dict) -> bool:
+    return r.get("mixed_precision") == "bf16"
+
+
+def weight_copies(r: dict) -> int:
+    """Bytes of the bf16 copies autocast makes of fp32 trained weights (a full fine-tune under bf16): cached
+    for the whole forward, and without checkpointing saved for the backward, so they count among the
+    activations the forward leaves. LoRA's frozen base is bf16 already; its fp32 adapters are negligible."""
+    return 2 * r["trainable"] if is_bf16(r) and r["mode"] == "full" else 0
+
+
+def net_activations(r: dict) -> int:
+    """The activations a forward leaves, less the weight copies among them."""
+    return r["activations"] - (0 if r["checkpointing"] else weight_copies(r))
+
+
+def overshoot(r: dict) -> float:
+    """What the last backward of the last step adds above the RSS it starts from (its gradients already
+    exist), per sample x token x channel, in bytes: the backward's transients (with checkpointing, the block
+    being recomputed, whole). It holds weight-sized temporaries too, so it overstates at few tokens."""
+    last = [e for e in r["events"] if e["step"] == r["steps"] - 1 and e["phase"].startswith("backward")][-1]
+    return (last["peak"] - last["rss_start"]) / (units(r) / r["layers"])
+
+
+def activation_fits(results: list[dict]) -> dict[str, dict[str, float]]:
+    """Per mode: net activations = a + k * units (least squares), and the largest backward overshoot."""
+    fits = {}
+    for key in dict.fromkeys(label(r) for r in results):
+        rows = [r for r in results if label(r) == key]
+        xs, ys = [units(r) for r in rows], [net_activations(r) for r in rows]
+        # one model size: through the origin (activations vanish with the tokens)
+        a, k, r2 = fit(xs, ys) if len(set(xs)) > 1 else (0.0, ys[0] / xs[0], float("nan"))
+        fits[key] = {"a": a, "k": k, "r2": r2, "overshoot": max(overshoot(r) for r in rows), "bf16": is_bf16(rows[0])}
+    return fits
 
 
 #: target -> (transformer params, blocks, width, tokens of a 1024 x 1024 image and its prompt, LoRA adapter params)
@@ -330,70 +385,93 @@ TARGETS = {
 }
 
 
-def extrapolate(results: list[dict]) -> list[str]:
-    """Weights, gradients and AdamW states exactly; activations from the measured bytes per sample x token x
-    block x channel (fp32 here, halved for bf16). With checkpointing, each block keeps its inputs and one
-    block at a time is recomputed whole in the backward: ckpt figure x blocks + one block's non-ckpt figure."""
-    units = {}
-    for r in results:
-        units.setdefault(label(r), []).append(activation_unit(r))
-    def gib(value: float) -> str:
-        return f"{value / 2**30:,.1f} GiB" if value >= 2**30 else f"{value / MiB:,.0f} MiB"
+def gib(value: float) -> str:
+    return f"{value / 2**30:,.1f} GiB" if value >= 2**30 else f"{value / MiB:,.0f} MiB"
 
-    lines = ["| model | mode | weights | grads | AdamW | sum | activations per 1024^2 sample, bf16 (no ckpt / ckpt) |",
-             "|---|---|---|---|---|---|---|"]
+
+def extrapolate(results: list[dict]) -> list[str]:
+    """bf16 training (train.mixed_precision=bf16) of the TARGETS at 1024 x 1024, one sample per micro-step.
+
+    Exact: weights (full: fp32 master weights; LoRA: bf16 base + fp32 adapters), fp32 gradients and AdamW
+    states of what trains, autocast's bf16 weight copies (full only, 2 bytes per parameter; at the peak with
+    checkpointing or without). Activations: the fitted bytes per sample x token x block x channel (measured
+    in bf16 when the results hold bf16 runs, else the fp32 figure halved) times the target's tokens x blocks
+    x width; with checkpointing each block keeps its inputs and one block is recomputed whole in the
+    backward: k_ckpt x blocks + k (one block)."""
+    fits = activation_fits(results)
+    measured_bf16 = any(f["bf16"] for f in fits.values())
+    suffix, scale = (" bf16", 1.0) if measured_bf16 else ("", 0.5)
+    source = "measured in bf16" if measured_bf16 else "the fp32 measurement halved"
+    lines = [f"| model | mode | weights | grads | AdamW | bf16 weight copies | activations per sample ({source}): "
+             "no ckpt / ckpt | total, 1 sample: no ckpt / ckpt |", "|---|---|---|---|---|---|---|---|"]
     for name, (params, blocks, width, tokens, adapters) in TARGETS.items():
         for mode in ("full", "lora"):
-            # full: fp32 master weights (autocast casts them to bf16 per op), fp32 grads, 2 fp32 AdamW states;
-            # LoRA: bf16 frozen base, fp32 adapters with their fp32 grads and AdamW states
             weights = 4 * params if mode == "full" else 2 * params + 4 * adapters
             trainable = params if mode == "full" else adapters
-            grads, adamw = 4 * trainable, 8 * trainable
-            per_block = tokens * width / 2  # bytes per measured fp32 unit, as bf16
-            plain, ckpt = max(units.get(mode, [0.0])), max(units.get(mode + " + ckpt", [0.0]))
-            acts = [gib(plain * per_block * blocks) if plain else "n/a",
-                    gib((ckpt * blocks + plain) * per_block) if ckpt and plain else "n/a"]
-            lines.append(f"| {name} ({params / 1e9:g} B) | {mode}{'' if mode == 'full' else f' r8 ({adapters / 1e6:.1f} M)'} "
-                         f"| {gib(weights)} | {gib(grads)} | {gib(adamw)} | {gib(weights + grads + adamw)} "
-                         f"| {' / '.join(acts)} |")
+            grads, adamw, copies = 4 * trainable, 8 * trainable, 2 * params if mode == "full" else 0
+            plain, ckpt = fits.get(mode + suffix), fits.get(mode + " + ckpt" + suffix)
+            acts = [plain["k"] * blocks * tokens * width * scale if plain else None,
+                    (ckpt["k"] * blocks + plain["k"]) * tokens * width * scale if plain and ckpt else None]
+            fixed = weights + grads + adamw + copies
+            what = mode if mode == "full" else f"lora r8 ({adapters / 1e6:.1f} M)"
+            lines.append(f"| {name} ({params / 1e9:g} B) | {what} | {gib(weights)} | {gib(grads)} | {gib(adamw)} "
+                         f"| {gib(copies) if copies else '-'} | {' / '.join(gib(a) if a else 'n/a' for a in acts)} "
+                         f"| {' / '.join(gib(fixed + a) if a else 'n/a' for a in acts)} |")
     return lines
 
 
 def report(results: list[dict]) -> list[str]:
     import torch
 
+    precisions = sorted({"bf16 autocast" if is_bf16(r) else "fp32" for r in results})
     lines = [f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores ({platform.processor() or 'cpu'}), torch "
-             f"{torch.__version__} ({results[0]['threads']} threads), no accelerator; fp32; peaks by "
-             f"{results[0]['method']}, glibc MALLOC_MMAP_THRESHOLD_=65536",
+             f"{torch.__version__} ({results[0]['threads']} threads), no accelerator; {' and '.join(precisions)}; "
+             f"peaks by {results[0]['method']}, glibc MALLOC_MMAP_THRESHOLD_=65536",
              f"per step: rollout of {BATCH} samples (groups of {GROUP}), {TRANSITIONS} flow_sde transitions, "
              f"{results[0]['micro_steps']} GRPO micro-steps of forward + backward over {results[0]['tokens']['batch']} "
              f"samples x {results[0]['tokens']['image']} image + {results[0]['tokens']['text']} text tokens, "
-             f"one AdamW step; figures in MiB; peak = highest RSS over {results[0]['steps']} steps - RSS before the first",
+             f"one AdamW step; figures in MiB; peak = highest RSS over {results[0]['steps']} steps - RSS before the "
+             "first; step time = the fastest step after the first",
              "",
-             "| transformer | mode | params | trainable | weights | grads | AdamW | activations | peak | peak - grads - AdamW "
-             "| peak at | step time |",
+             "| transformer | mode | params | trainable | weights | grads | AdamW | activations | peak "
+             "| peak - grads - AdamW | peak at | step time |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(
             f"| {r['size']} ({r['heads']}x64 wide, {r['layers']} blocks) | {label(r)} | {r['params'] / 1e6:.1f} M "
-            f"| {r['trainable'] / 1e6:.2f} M | {mb(r['weights_bytes'])} | {mb(r['grads_bytes'])} | {mb(r['adamw_bytes'])} "
+            f"| {r['trainable'] / 1e6:.2f} M | {mb(r['weights_bytes'])} | {mb(r['grads_bytes'])} "
+            f"| {mb(r['adamw_bytes'])} "
             f"| {mb(r['activations'])} | {mb(r['peak'])} | {mb(r['peak'] - r['grads_bytes'] - r['adamw_bytes'])} "
-            f"| {r['peak_phase']} | {r['step_seconds'][-1]:.2f} s |")
-    ratios = [(r["grads_measured"] / r["grads_bytes"], r["adamw_measured"] / r["adamw_bytes"])
-              for r in results if r["mode"] == "full"]
+            f"| {r['peak_phase']} | {step_time(r):.2f} s |")
+    ratios = [(f"{r['size']} {label(r)}", r["grads_measured"] / r["grads_bytes"],
+               r["adamw_measured"] / r["adamw_bytes"]) for r in results if r["mode"] == "full"]
     if ratios:
-        lines += ["", f"check, full fine-tunes: measured / analytic gradients {min(g for g, _ in ratios):.3f} to "
-                      f"{max(g for g, _ in ratios):.3f}, AdamW states {min(a for _, a in ratios):.3f} to "
-                      f"{max(a for _, a in ratios):.3f}"]
-    lines += ["", "| mode | fit: peak = a + b * params | R^2 | peak + weights: bytes per param | activations per sample "
-                  "x token x block x channel |", "|---|---|---|---|---|"]
+        lines += ["", "check, measured / analytic gradients and AdamW states: " + ", ".join(
+            f"{name} {g:.3f} / {a:.3f}" for name, g, a in ratios)]
+    fp32 = {(r["size"], r["mode"], r["checkpointing"]): r for r in results if not is_bf16(r)}
+    pairs = [(r, fp32[(r["size"], r["mode"], r["checkpointing"])]) for r in results
+             if is_bf16(r) and (r["size"], r["mode"], r["checkpointing"]) in fp32]
+    if pairs:
+        lines += ["", "check, bf16 / fp32 activations (less the bf16 weight copies): " + ", ".join(
+            f"{r['size']} {label(r)} {net_activations(r) / f['activations']:.2f}" for r, f in pairs)]
+    fits = activation_fits(results)
+    lines += ["", "units = samples x tokens x blocks x width of the trained forward; net activations = activations "
+                  "less, for a full fine-tune in bf16 without checkpointing, the 2 x trainable bytes of autocast's "
+                  "weight copies saved for the backward",
+              "", "| mode | peak = a + b x params | R^2 | peak - grads - AdamW = a + c x units | R^2 "
+                  "| net activations = a + k x units | R^2 | backward on top, per sample x token x channel |",
+              "|---|---|---|---|---|---|---|---|"]
     for key in dict.fromkeys(label(r) for r in results):
         rows = [r for r in results if label(r) == key]
         a, b, r2 = fit([r["params"] for r in rows], [r["peak"] for r in rows])
-        units = [activation_unit(r) for r in rows]
-        lines.append(f"| {key} | {a / MiB:,.0f} MiB + {b:.2f} B x params | {r2:.4f} | {b + 4:.2f} "
-                     f"| {min(units):.1f} to {max(units):.1f} B ({min(units) / 4:.1f} to {max(units) / 4:.1f} fp32 values) |")
-    lines += ["", "paper extrapolation (see docs/benchmarks.md for the assumptions):", *extrapolate(results)]
+        a2, c, r22 = fit([units(r) for r in rows], [r["peak"] - r["grads_bytes"] - r["adamw_bytes"] for r in rows])
+        f = fits[key]
+        size, kind = (2, "bf16") if f["bf16"] else (4, "fp32")
+        lines.append(f"| {key} | {a / MiB:,.0f} MiB + {b:.2f} B x params | {r2:.4f} | {a2 / MiB:,.0f} MiB + {c:.1f} B "
+                     f"x units | {r22:.4f} | {f['a'] / MiB:,.1f} MiB + {f['k']:.1f} B x units (= {f['k'] / size:.1f} "
+                     f"{kind} values) | {f['r2']:.4f} | up to {f['overshoot']:.0f} B |")
+    lines += ["", "paper extrapolation, bf16 training at 1024 x 1024 (see docs/benchmarks.md for the assumptions):",
+              *extrapolate(results)]
     return lines
 
 
@@ -403,9 +481,14 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help=f"only {' and '.join(QUICK)} (under ~2 minutes)")
     parser.add_argument("--modes", nargs="+", choices=["full", "lora"], default=["full", "lora"])
     parser.add_argument("--checkpointing", nargs="+", choices=["off", "on"], default=["off", "on"])
-    parser.add_argument("--steps", type=int, default=2, help="steps per configuration (peak over all; time of the last)")
+    parser.add_argument("--steps", type=int, default=3,
+                        help="steps per configuration (peak over all; time: the fastest after the first)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--mixed-precision", choices=["none", "bf16"], default="none",
+                        help="train.mixed_precision (bf16: autocast, fp32 master weights, LoRA's base in bf16)")
     parser.add_argument("--json", type=Path, help="write every figure (and each phase's RSS) here")
+    parser.add_argument("--report", type=Path, nargs="+",
+                        help="print the tables of --json files again (their runs joined), measuring nothing")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps < 1:
@@ -413,13 +496,16 @@ def main() -> int:
     if args.worker:
         print(json.dumps(measure(json.loads(args.worker))))
         return 0
+    if args.report:
+        print("\n".join(report([r for path in args.report for r in json.loads(path.read_text())])))
+        return 0
     sizes = QUICK if args.quick else args.sizes
     results = []
     for size in sizes:
         for mode in args.modes:
             for ckpt in args.checkpointing:
                 spec = {"size": size, "mode": mode, "checkpointing": ckpt == "on", "steps": args.steps,
-                        "threads": args.threads}
+                        "threads": args.threads, "mixed_precision": args.mixed_precision}
                 start = time.perf_counter()
                 results.append(run_one(spec))
                 print(f"{size} {mode} checkpointing {ckpt}: peak {results[-1]['peak'] / MiB:,.0f} MiB "

@@ -102,8 +102,14 @@ def resolve_sharding(config: ResolvedConfig, accelerator: Any, plugins: PluginMa
             f"{launched} processes were launched but each runs alone (accelerate sees {accelerator.num_processes}): "
             "every one would train its own copy of the model; launch with `accelerate launch --multi_gpu "
             "--num_processes N` or a config from configs/accelerate/")
+    launch = getattr(accelerator.distributed_type, "value", "")
+    if launch == "DEEPSPEED":
+        # DeepSpeed steps its optimizer inside backward, which breaks the accumulation over an objective's micro-steps
+        raise ConfigError("DeepSpeed launches are not supported: shard with FSDP2 instead "
+                          "(accelerate launch --config_file configs/accelerate/fsdp2.yaml, or train.sharding=fsdp2)")
     choice = config.core.train.sharding
-    fsdp_launch = getattr(accelerator.distributed_type, "value", "") == "FSDP"
+    # without an accelerator device accelerate turns an FSDP launch into plain gloo processes; its flag stays
+    fsdp_launch = launch == "FSDP" or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
     if choice == "none" or (choice == "auto" and not fsdp_launch):
         return False
     backbone = config.backbone.name

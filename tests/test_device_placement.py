@@ -53,6 +53,7 @@ RUNS = {
     "vgrpo+dance_sde": ["objective={name: vgrpo}", "sampler={name: dance_sde}"],
     "pairwise+cps+dynamic": ["objective={name: pairwise}", "sampler={name: cps}", "weighting={name: dynamic}"],
     "window": ["sampler={name: window, size: 2, schedule: random}"],
+    "encoders-on-cpu": ["backbone.text_encoders_on_cpu=true", "backbone.vae_slicing=true"],
     "tree_grpo": ["objective={name: tree_grpo, clip_range: 0.01, aggregate: logprob, normalize_depth: true, "
                   "dedup: true, width: 1}", "rollout.branch_steps=[0, 1]"],
     "pareto+monitor+async": ["rewards=[jpeg_compressibility, {name: jpeg_compressibility_2, on_failure: drop}]",

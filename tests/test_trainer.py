@@ -491,3 +491,22 @@ def test_a_plugin_takes_the_rollout_stage_over_and_may_defer_to_the_policy(make_
     trainer.train()
     assert plugin.requests == [(0, list(range(8))), (1, list(range(8)))]
     assert trainer.state.rollout.sample_ids.tolist() == list(range(8))[::-1]  # step 1's rollout was the plugin's
+
+
+def test_processes_launched_together_but_running_alone_are_refused(make_config, monkeypatch):
+    """WORLD_SIZE says 4 processes, but this one forms no group with the others: each would train its own copy."""
+    from types import SimpleNamespace
+
+    from gyremedia.trainer import resolve_sharding
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    alone = SimpleNamespace(num_processes=1, distributed_type=SimpleNamespace(value="NO"))
+    with pytest.raises(ConfigError, match="4 processes were launched but each runs alone"):
+        resolve_sharding(make_config(), alone, PluginManager())
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    deepspeed = SimpleNamespace(num_processes=1, distributed_type=SimpleNamespace(value="DEEPSPEED"))
+    with pytest.raises(ConfigError, match="DeepSpeed launches are not supported: shard with FSDP2"):
+        resolve_sharding(make_config(), deepspeed, PluginManager())
+    fsdp = SimpleNamespace(num_processes=2, distributed_type=SimpleNamespace(value="FSDP"))
+    assert resolve_sharding(make_config(), fsdp, PluginManager())  # train.sharding=auto follows the launch
+    assert not resolve_sharding(make_config("train.sharding=none"), fsdp, PluginManager())

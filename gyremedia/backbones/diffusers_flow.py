@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import numpy as np
 import torch
 
 from gyremedia.backbones.denoising import DenoisingPolicy
-from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolicy
+from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolicy, cast_weights
 from gyremedia.interfaces import BuildContext
-from gyremedia.options import option, pretrained_source
+from gyremedia.options import OptionError, option, pretrained_source
 from gyremedia.rollout import Media
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -36,6 +37,19 @@ class PipelineOptions:
     negative_prompt: str = option("", help="the unconditional prompt of classifier-free guidance")
     lora: LoraOptions = field(default_factory=LoraOptions)
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
+    # memory: the frozen parts need not sit on the training device
+    text_encoders_on_cpu: bool = option(False, help="keep the text encoders in CPU memory: each prompt is encoded "
+                                                    "there once (cached) and its embedding moved to the device")
+    vae_slicing: bool = option(False, help="decode one sample at a time (less peak memory)")
+    vae_tiling: bool = option(False, help="decode in overlapping tiles (large images and videos)")
+    attention: Literal["sdpa", "xformers"] = option("sdpa", help="the transformer's attention kernels: torch's "
+                                                                 "scaled_dot_product_attention, or xformers (gpu extra)")
+
+    def validate(self) -> None:
+        import importlib.util
+
+        if self.attention == "xformers" and importlib.util.find_spec("xformers") is None:
+            raise OptionError("attention", "xformers is not installed: pip install 'gyremedia[gpu]', or use sdpa")
 
 
 class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
@@ -60,12 +74,24 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         else:
             self.pipeline = self.build_tiny(options)
             if dtype != torch.float32:
-                self.pipeline.to(dtype=dtype)
+                for part in self.pipeline.components.values():
+                    if isinstance(part, torch.nn.Module):
+                        cast_weights(part, dtype)
         self.pipeline.set_progress_bar_config(disable=True)
         self.pipeline.to(self.device)
+        self.encoder_device = torch.device("cpu") if options.text_encoders_on_cpu else self.device
         for name, part in self.pipeline.components.items():
             if isinstance(part, torch.nn.Module) and name != "transformer":
                 part.requires_grad_(False).eval()
+                if name.startswith("text_encoder"):
+                    part.to(self.encoder_device)
+        for enabled, method in ((options.vae_slicing, "enable_slicing"), (options.vae_tiling, "enable_tiling")):
+            if enabled:
+                if not hasattr(self.pipeline.vae, method):
+                    raise ValueError(f"{type(self.pipeline.vae).__name__} has no {method}(): turn it off")
+                getattr(self.pipeline.vae, method)()
+        if options.attention == "xformers":
+            self.pipeline.transformer.enable_xformers_memory_efficient_attention()
         self.transformer = self.pipeline.transformer
         self.scheduler = self.pipeline.scheduler
         self._prepare_training(options.lora, options.gradient_checkpointing, context.mixed_precision)
@@ -111,9 +137,29 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         """Classifier-free guidance: ``v_u + s (v_c - v_u)``."""
         return unconditional + guidance_scale * (conditional - unconditional)
 
+    @torch.no_grad()
+    def decode(self, final: torch.Tensor) -> Media:
+        """Images in [0, 1] from the latents of an ``AutoencoderKL`` (``latent / scaling + shift``: SD3, FLUX.1)."""
+        vae = self.pipeline.vae
+        latents = final.to(vae.dtype) / vae.config.scaling_factor + (vae.config.shift_factor or 0.0)
+        images = vae.decode(latents, return_dict=False)[0]
+        return Media("image", (images.float() / 2 + 0.5).clamp(0, 1))
+
     def timesteps_arguments(self, num_steps: int) -> dict[str, Any]:
         """Extra ``scheduler.set_timesteps`` arguments the stock pipeline passes (e.g. sigmas and a shift ``mu``)."""
         return {}
+
+    def resolution_shifted(self, num_steps: int, image_tokens: int) -> dict[str, Any]:
+        """The ``set_timesteps`` arguments of FLUX's and Qwen-Image's pipelines: sigmas ``linspace(1, 1/N, N)``
+        (not the scheduler's own grid), shifted by ``mu``, which grows linearly with the image's token count
+        (diffusers' ``calculate_shift`` on the scheduler's config); ``mu`` acts only on a dynamically shifting
+        scheduler."""
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+        config = self.scheduler.config
+        mu = calculate_shift(image_tokens, config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096),
+                             config.get("base_shift", 0.5), config.get("max_shift", 1.15))
+        return {"sigmas": np.linspace(1.0, 1 / num_steps, num_steps), "mu": mu}
 
     def generation_arguments(self) -> dict[str, Any]:
         """The stock pipeline's call arguments that reproduce how this model was trained (sizes, text length)."""
@@ -136,7 +182,8 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         for prompt in dict.fromkeys(prompts):
             if prompt not in self._prompt_cache:
                 with torch.no_grad():
-                    self._prompt_cache[prompt] = self.encode_prompt(prompt)
+                    encoded = self.encode_prompt(prompt)
+                self._prompt_cache[prompt] = {k: v.to(self.device) for k, v in encoded.items()}
         return {key: torch.stack([self._prompt_cache[p][key] for p in prompts]) for key in self._prompt_cache[prompts[0]]}
 
     def sample_noise(self, generators: list[torch.Generator]) -> torch.Tensor:
@@ -148,7 +195,8 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         """The velocity at states ``x`` and noise level ``sigma`` (one for the batch, or one per sample)."""
         conditions = {k: v for k, v in conditions.items() if k != "preference"} | self.extra_conditions(conditions,
                                                                                                          reference)
-        timestep = (sigma * self.timestep_scale).to(x.dtype).reshape(-1).expand(x.shape[0])
+        # in fp32 as the stock pipelines pass it (in bf16, 1000 sigma would round: 857.7 -> 856)
+        timestep = (sigma.float() * self.timestep_scale).reshape(-1).expand(x.shape[0])
         cfg = self.uses_cfg(guidance_scale)
         if cfg:
             negative = self.encode([self.options.negative_prompt] * x.shape[0])
@@ -162,6 +210,8 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
 
     def extra_conditions(self, conditions: dict[str, torch.Tensor], reference: bool) -> dict[str, torch.Tensor]:
         """Conditions derived from others before the forward (SD3: the preference input); none by default."""
+        if "preference" in conditions and not reference:
+            raise ValueError(f"backbone {self.pipeline_class} takes no reward-preference input (ParetoSlider)")
         return {}
 
     # ------------------------------------------------------------------ export

@@ -16,7 +16,6 @@ from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOpti
 from gyremedia.backbones.tiny_sd3 import TinySD3Options, build_tiny_sd3_pipeline
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import option
-from gyremedia.rollout import Media
 
 
 @dataclass
@@ -72,7 +71,7 @@ class FlowMatchingBackbone(DiffusersFlowPolicy):
 
     def encode_prompt(self, prompt: str) -> dict[str, torch.Tensor]:
         embeds, _, pooled, _ = self.pipeline.encode_prompt(
-            prompt=[prompt], prompt_2=None, prompt_3=None, device=self.device,
+            prompt=[prompt], prompt_2=None, prompt_3=None, device=self.encoder_device,
             do_classifier_free_guidance=False, max_sequence_length=self.options.max_sequence_length)
         return {"prompt_embeds": embeds[0], "pooled_projections": pooled[0]}
 
@@ -102,13 +101,6 @@ class FlowMatchingBackbone(DiffusersFlowPolicy):
         if self.options.max_sequence_length != DIFFUSERS_SEQUENCE_LENGTH:
             arguments["max_sequence_length"] = self.options.max_sequence_length
         return arguments
-
-    @torch.no_grad()
-    def decode(self, final: torch.Tensor) -> Media:
-        vae = self.pipeline.vae
-        latents = final.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
-        images = vae.decode(latents, return_dict=False)[0]
-        return Media("image", (images.float() / 2 + 0.5).clamp(0, 1))
 
     def save_pretrained(self, out_dir: Path, *, merge_lora: bool = True) -> None:
         """The stock ``StableDiffusion3Pipeline`` folder; a preference embedder (ParetoSlider) goes beside it in

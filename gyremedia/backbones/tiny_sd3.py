@@ -53,13 +53,14 @@ def _byte_alphabet() -> list[str]:
     return [chr(c) for c in codes]
 
 
-def _learn_merges(words: list[str]) -> list[tuple[str, str]]:
+def learn_merges(words: list[str], end_of_word: str = "</w>") -> list[tuple[str, str]]:
     """BPE merges learned on ``words`` until each is a single token.
 
     Learned as BPE training does (most frequent pair first, every word at once), so encoding
-    replays the same merges and each listed word always becomes exactly one token.
+    replays the same merges and each listed word always becomes exactly one token. ``end_of_word`` is the
+    suffix CLIP's BPE marks a word's last piece with ("" for a byte-level BPE such as Qwen's).
     """
-    segmented = [list(word[:-1]) + [word[-1] + "</w>"] for word in words]
+    segmented = [list(word[:-1]) + [word[-1] + end_of_word] for word in words]
     merges: list[tuple[str, str]] = []
     while True:
         counts: dict[tuple[str, str], int] = {}
@@ -89,7 +90,7 @@ def build_clip_tokenizer(words: list[str], max_length: int):
     alphabet = _byte_alphabet()
     vocab = {c: i for i, c in enumerate(alphabet)}
     vocab.update({c + "</w>": len(alphabet) + i for i, c in enumerate(alphabet)})
-    merges = _learn_merges(sorted({w.lower() for w in words}))
+    merges = learn_merges(sorted({w.lower() for w in words}))
     for left, right in merges:
         vocab.setdefault(left + right, len(vocab))
     vocab["<|startoftext|>"] = len(vocab)

@@ -53,7 +53,7 @@ class TransformerPolicy:
         self._sharded = False
         self._autocast_dtype = MIXED_PRECISION[mixed_precision]
         if self._autocast_dtype is not None:
-            self.transformer.to(self._autocast_dtype if lora.enabled else torch.float32)
+            cast_weights(self.transformer, self._autocast_dtype if lora.enabled else torch.float32)
         if lora.enabled:
             from peft import LoraConfig
 
@@ -174,6 +174,15 @@ class TransformerPolicy:
     def _merged_transformer(self) -> torch.nn.Module:
         """The transformer with LoRA adapters folded in (a copy), or itself without LoRA."""
         return merge_adapters(self.transformer) if self.lora_enabled else self.transformer
+
+
+def cast_weights(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast ``model``'s floating-point weights to ``dtype``, except the modules the model keeps in fp32
+    (diffusers' ``_keep_in_fp32_modules``: e.g. Wan's norms and time embedding), as ``from_pretrained`` does."""
+    keep = getattr(model, "_keep_in_fp32_modules", None) or ()
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point():
+            tensor.data = tensor.data.to(torch.float32 if any(k in name for k in keep) else dtype)
 
 
 def add_adapters(model: torch.nn.Module, config) -> None:

@@ -1,7 +1,8 @@
 """DDPO's (in)compressibility reward: the size of an image's JPEG encoding.
 
 Rewarding small files pushes a generator to flat, simple images; rewarding large ones (a negative
-weight, or ``sign: 1``) to detailed, textured images. Deterministic and weight-free.
+weight, or ``sign: 1``) to detailed, textured images. Deterministic and weight-free. A video scores the
+mean size of its frames.
 """
 
 from __future__ import annotations
@@ -25,20 +26,22 @@ class JpegOptions:
 
 
 class JpegCompressibility:
-    """``sign * size_kB(JPEG(image))`` per image."""
+    """``sign * size_kB(JPEG(image))`` per image (per video: averaged over its frames)."""
 
-    kinds = {"image"}
+    kinds = {"image", "video"}
 
     def __init__(self, options: JpegOptions, context=None) -> None:
         self.quality = options.quality
         self.sign = options.sign
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
-        images = (media.data.detach().cpu().clamp(0, 1) * 255).round().to(torch.uint8)
+        data = media.data.detach().cpu()
+        frames = data.shape[1] if media.kind == "video" else 1  # video: [B, T, 3, H, W]
+        images = (data.reshape(-1, *data.shape[-3:]).clamp(0, 1) * 255).round().to(torch.uint8)
         sizes = []
         for image in images.permute(0, 2, 3, 1).numpy():
             buffer = io.BytesIO()
             Image.fromarray(np.ascontiguousarray(image)).save(buffer, format="JPEG", quality=self.quality)
             sizes.append(buffer.tell() / 1000)
-        size = torch.tensor(sizes, dtype=torch.float32)
+        size = torch.tensor(sizes, dtype=torch.float32).reshape(-1, frames).mean(dim=1)
         return {"score": self.sign * size, "size_kb": size}
