@@ -10,6 +10,7 @@ guidance embedding), how two predictions combine under classifier-free guidance,
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -50,6 +51,19 @@ class PipelineOptions:
 
         if self.attention == "xformers" and importlib.util.find_spec("xformers") is None:
             raise OptionError("attention", "xformers is not installed: pip install 'gyremedia[gpu]', or use sdpa")
+
+
+def image_size(pipeline, height: int | None, width: int | None, multiple: int) -> tuple[int, int]:
+    """The image size in pixels: the given one, else the VAE's ``sample_size`` (stored in every pipeline
+    folder; the transformer's config has no size); refused unless both are multiples of ``multiple``, which
+    the pipelines would silently round down."""
+    size = pipeline.vae.config.sample_size
+    default_height, default_width = size if isinstance(size, (list, tuple)) else (size, size)
+    height, width = height or default_height, width or default_width
+    for name, pixels in (("height", height), ("width", width)):
+        if pixels % multiple:
+            raise OptionError(name, f"must be a multiple of {multiple} (the VAE factor times the 2x2 patches)")
+    return height, width
 
 
 class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
@@ -97,11 +111,11 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         self._prepare_training(options.lora, options.gradient_checkpointing, context.mixed_precision)
         self._prompt_cache: dict[str, dict[str, torch.Tensor]] = {}
 
-    @classmethod
-    def stock_pipeline_class(cls) -> type:
+    def stock_pipeline_class(self) -> type:
+        """The diffusers class of ``self.pipeline_class`` (a subclass may set it per instance before loading)."""
         import diffusers
 
-        return getattr(diffusers, cls.pipeline_class)
+        return getattr(diffusers, self.pipeline_class)
 
     def build_tiny(self, options: PipelineOptions):
         """A tiny random-weight pipeline of this architecture from ``options.tiny`` (offline)."""
@@ -234,7 +248,11 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
                 out_dir, transformer_lora_layers=get_peft_model_state_dict(self.transformer),
                 transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict())
             return
-        pipeline_class(**{**self.pipeline.components, "transformer": self.export_transformer()}).save_pretrained(out_dir)
+        # the pipeline's own settings beside its components (e.g. FLUX.2 klein's is_distilled)
+        settings = {k: v for k, v in self.pipeline.config.items()
+                    if k in inspect.signature(pipeline_class.__init__).parameters and k not in self.pipeline.components}
+        parts = {**self.pipeline.components, **settings, "transformer": self.export_transformer()}
+        pipeline_class(**parts).save_pretrained(out_dir)
 
     def export_transformer(self) -> torch.nn.Module:
         """The transformer an export writes: LoRA merged, extra modules of our own removed."""
@@ -252,7 +270,7 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
                  f'pipe = {name}.from_pretrained("{base if adapters_only else out_dir}"{absent})']
         if adapters_only:
             lines.append(f'pipe.load_lora_weights("{out_dir}")')
-        lines += [f'output = pipe("a prompt"{arguments})', "```", "",
+        lines += [f'output = pipe(prompt="a prompt"{arguments})', "```", "",
                   "The arguments after the prompt are the ones it was trained with (sizes, text tokens): "
                   "other values work, but move away from what training saw.", ""]
         return "\n".join(lines)

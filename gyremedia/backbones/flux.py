@@ -21,11 +21,11 @@ from typing import Any
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions
+from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions, image_size
 from gyremedia.backbones.tiny_flux import TinyFluxOptions, build_tiny_flux_pipeline
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.interfaces import BuildContext
-from gyremedia.options import OptionError, option
+from gyremedia.options import option
 
 # The usual FLUX.1 LoRA targets (fal's trainer, Flow-Factory): every attention projection of the double-stream
 # blocks (image and text side), their feed-forwards, and the single-stream blocks' q/k/v (``attn.to_*``).
@@ -55,15 +55,7 @@ class FluxBackbone(DiffusersFlowPolicy):
     def __init__(self, options: FluxOptions, context: BuildContext) -> None:
         super().__init__(options, context)
         factor = self.pipeline.vae_scale_factor
-        # the VAE's image size (FLUX.1: 1024, FluxPipeline's default too; tiny: its latent size), stored in
-        # every pipeline folder: the transformer's config has no size
-        size = self.pipeline.vae.config.sample_size
-        default_height, default_width = size if isinstance(size, (list, tuple)) else (size, size)
-        self.height, self.width = options.height or default_height, options.width or default_width
-        for name, pixels in (("height", self.height), ("width", self.width)):
-            if pixels % (2 * factor):  # the pipeline would silently round it down
-                raise OptionError(name, f"must be a multiple of {2 * factor} "
-                                        "(the VAE factor times FLUX's 2x2 packing)")
+        self.height, self.width = image_size(self.pipeline, options.height, options.width, 2 * factor)
 
     def build_tiny(self, options: FluxOptions):
         return build_tiny_flux_pipeline(options.tiny)

@@ -18,16 +18,14 @@ names), or builds a tiny one (:mod:`gyremedia.backbones.tiny_flux2`), and trains
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions
+from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions, image_size
 from gyremedia.backbones.tiny_flux2 import TinyFlux2Options, build_tiny_flux2_pipeline
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.interfaces import BuildContext
@@ -35,7 +33,8 @@ from gyremedia.options import OptionError, option
 from gyremedia.rollout import Media
 
 FLUX2_PIPELINES = ("Flux2KleinPipeline", "Flux2Pipeline")
-# The most single-stream blocks of a released FLUX.2 (klein 4B: 20, klein 9B: 24, dev: 48)
+# Single-stream blocks named by the default LoRA targets: FLUX.2 [dev]'s 48 (the transformer's default), the
+# most of the released models (klein has fewer); a deeper fine-tune would need its extra names listed
 MAX_SINGLE_BLOCKS = 48
 # Flow-Factory's FLUX.2 targets: every attention projection and feed-forward of the double-stream blocks (image
 # and text side) and the single-stream blocks' fused q/k/v + MLP input. The single-stream blocks' output
@@ -57,19 +56,6 @@ class Flux2Options(PipelineOptions):
     height: int | None = option(None, ge=1, help="image height in pixels; None: the VAE's sample_size (FLUX.2: "
                                                  "1024; the tiny model: its latent size times the VAE factor)")
     width: int | None = option(None, ge=1, help="image width in pixels; None: as for height")
-
-
-def image_size(pipeline, height: int | None, width: int | None, multiple: int) -> tuple[int, int]:
-    """The image size in pixels: the given one, else the VAE's ``sample_size`` (stored in every pipeline
-    folder; the transformer's config has no size); refused unless both are multiples of ``multiple``, which
-    the pipelines would silently round down."""
-    size = pipeline.vae.config.sample_size
-    default_height, default_width = size if isinstance(size, (list, tuple)) else (size, size)
-    height, width = height or default_height, width or default_width
-    for name, pixels in (("height", height), ("width", width)):
-        if pixels % multiple:
-            raise OptionError(name, f"must be a multiple of {multiple} (the VAE factor times the 2x2 patches)")
-    return height, width
 
 
 def folder_pipeline_class(pretrained: str) -> str:
@@ -102,12 +88,6 @@ class Flux2Backbone(DiffusersFlowPolicy):
         self.height, self.width = image_size(self.pipeline, options.height, options.width, 2 * factor)
         # klein's step-distilled form skips classifier-free guidance whatever the scale (its config says so)
         self.distilled = bool(self.pipeline.config.get("is_distilled", False))
-
-    def stock_pipeline_class(self) -> type:
-        """This instance's pipeline class ([klein] and [dev] differ), not the class attribute's."""
-        import diffusers
-
-        return getattr(diffusers, self.pipeline_class)
 
     def build_tiny(self, options: Flux2Options):
         return build_tiny_flux2_pipeline(options.tiny)
@@ -161,19 +141,6 @@ class Flux2Backbone(DiffusersFlowPolicy):
 
     def generation_arguments(self) -> dict[str, Any]:
         return {"height": self.height, "width": self.width, **super().generation_arguments()}
-
-    def save_pretrained(self, out_dir: Path, *, merge_lora: bool = True) -> None:
-        super().save_pretrained(out_dir, merge_lora=merge_lora)
-        index = Path(out_dir) / "model_index.json"
-        if self.pipeline_class == "Flux2KleinPipeline" and not (self.lora_enabled and not merge_lora):
-            # the base class rebuilds the pipeline from its components, which leave out the config entry
-            # is_distilled: without it a distilled model's export would run classifier-free guidance
-            config = json.loads(index.read_text())
-            index.write_text(json.dumps({**config, "is_distilled": self.distilled}, indent=2, sort_keys=True) + "\n")
-
-    def usage(self, out_dir: Path, adapters_only: bool) -> str:
-        # the FLUX.2 pipelines' first parameter is a conditioning `image`: the prompt must be passed by name
-        return super().usage(out_dir, adapters_only).replace('pipe("a prompt"', 'pipe(prompt="a prompt"')
 
     @torch.no_grad()
     def decode(self, final: torch.Tensor) -> Media:

@@ -12,16 +12,14 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
 from gyremedia.cli import main
 from gyremedia.plugins import PluginManager
 from gyremedia.runs import build_backbone, load_trained_weights, run_config
-from gyremedia.sampling import sample_trajectories
-from gyremedia_samplers.ode import EulerODESampler
+from backbone_checks import ode_samples
 
 # backbone name -> the stock pipeline's output field
-ARCHITECTURES = {"flow_matching": "images", "flux": "images", "wan": "frames", "qwen_image": "images"}
+ARCHITECTURES = {"flow_matching": "images", "flux": "images", "flux2": "images", "wan": "frames", "qwen_image": "images"}
 STEPS, PROMPTS, SEEDS = 3, ["a red circle", "two green triangles"], [5, 6]
 
 RUN_YAML = """
@@ -44,7 +42,7 @@ import numpy as np, torch
 import diffusers
 name, folder, field, out, prompts, seeds, steps, arguments = sys.argv[1:9]
 pipe = getattr(diffusers, name).from_pretrained(folder)
-output = pipe(json.loads(prompts), num_inference_steps=int(steps), guidance_scale=1.0, output_type="pt",
+output = pipe(prompt=json.loads(prompts), num_inference_steps=int(steps), guidance_scale=1.0, output_type="pt",
               generator=[torch.Generator().manual_seed(s) for s in json.loads(seeds)], **json.loads(arguments))
 np.save(out, getattr(output, field).float().numpy())
 ours = [m for m in sys.modules if m.split(".")[0].startswith("gyremedia")]
@@ -54,10 +52,7 @@ assert not ours, f"the exported pipeline must load without gyremedia, but {ours}
 
 def ours(backbone) -> np.ndarray:
     """What our Euler ODE sampler generates for PROMPTS with the noise of SEEDS."""
-    generators = [torch.Generator().manual_seed(s) for s in SEEDS]
-    states, _, _ = sample_trajectories(backbone, EulerODESampler(), backbone.encode(PROMPTS), initial_generators=generators,
-                                       step_generators=[], num_steps=STEPS, guidance_scale=1.0)
-    return backbone.decode(states[:, -1]).data.numpy()
+    return ode_samples(backbone, PROMPTS, SEEDS, STEPS, 1.0).data.numpy()
 
 
 def stock(backbone, folder, field: str, out) -> np.ndarray:

@@ -10,12 +10,10 @@ from omegaconf import OmegaConf
 from gyremedia.backbones import flux
 from gyremedia.backbones.flux import FluxBackbone, FluxOptions
 from gyremedia.backbones.tiny_flux import TinyFluxOptions
-from gyremedia.backbones.transformer_policy import adapters_disabled
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, validate
 from gyremedia.plugins import PluginManager
-from gyremedia.sampling import sample_trajectories
-from gyremedia_samplers.ode import EulerODESampler
+from backbone_checks import ode_samples, check_adapters_switch_off
 
 PLUGINS = PluginManager()
 PROMPTS, SEEDS = ["a red circle", "two green triangles"], [5, 6]
@@ -38,11 +36,7 @@ def build(**overrides) -> FluxBackbone:
 
 
 def ours(backbone: FluxBackbone, num_steps: int, guidance_scale: float) -> torch.Tensor:
-    generators = [torch.Generator().manual_seed(s) for s in SEEDS]
-    states, _, _ = sample_trajectories(backbone, EulerODESampler(), backbone.encode(PROMPTS),
-                                       initial_generators=generators, step_generators=[], num_steps=num_steps,
-                                       guidance_scale=guidance_scale)
-    return backbone.decode(states[:, -1]).data
+    return ode_samples(backbone, PROMPTS, SEEDS, num_steps, guidance_scale).data
 
 
 def stock(backbone: FluxBackbone, num_steps: int, guidance_scale: float) -> torch.Tensor:
@@ -119,18 +113,7 @@ def test_default_lora_targets_wrap_attention_and_feed_forwards_and_switch_off_to
     single = {"single_transformer_blocks.0.attn.to_q", "single_transformer_blocks.0.attn.to_k",
               "single_transformer_blocks.0.attn.to_v"}
     assert wrapped == double | single and len(wrapped) == 27  # 12 per double-stream block, q/k/v of the single
-    with torch.no_grad():  # B starts at zero: make the adapters matter
-        for name, p in backbone.transformer.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
-    x = base.sample_noise([torch.Generator().manual_seed(s) for s in SEEDS])
-    conditions, sigma = base.encode(PROMPTS), torch.tensor(0.6)
-    expected = base.predict(x, sigma, conditions, 3.5)
-    assert (backbone.predict(x, sigma, conditions, 3.5) - expected).abs().max() > 1e-3
-    with adapters_disabled(backbone.transformer):
-        torch.testing.assert_close(backbone.predict(x, sigma, conditions, 3.5), expected, atol=1e-6, rtol=0)
-    torch.testing.assert_close(backbone.predict(x, sigma, conditions, 3.5, reference=True), expected,
-                               atol=1e-6, rtol=0)
+    check_adapters_switch_off(base, backbone, 3.5, PROMPTS, SEEDS)
 
 
 def test_a_saved_pipeline_loads_back_with_its_size_and_samples(tmp_path):

@@ -13,11 +13,9 @@ from omegaconf import OmegaConf
 from gyremedia.backbones import flux2
 from gyremedia.backbones.flux2 import Flux2Backbone, Flux2Options
 from gyremedia.backbones.tiny_flux2 import TinyFlux2Options
-from gyremedia.backbones.transformer_policy import adapters_disabled
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, validate
-from gyremedia.sampling import sample_trajectories
-from gyremedia_samplers.ode import EulerODESampler
+from backbone_checks import ode_samples, check_adapters_switch_off
 
 PROMPTS, SEEDS = ["a red circle", "two green triangles"], [5, 6]
 # klein's chat template takes ~14 tokens around the prompt; [dev]'s system message ~30 before it
@@ -43,11 +41,7 @@ def build(variant: str = "klein-base", **overrides) -> Flux2Backbone:
 
 
 def ours(backbone: Flux2Backbone, num_steps: int, guidance_scale: float) -> torch.Tensor:
-    generators = [torch.Generator().manual_seed(s) for s in SEEDS]
-    states, _, _ = sample_trajectories(backbone, EulerODESampler(), backbone.encode(PROMPTS),
-                                       initial_generators=generators, step_generators=[], num_steps=num_steps,
-                                       guidance_scale=guidance_scale)
-    return backbone.decode(states[:, -1]).data
+    return ode_samples(backbone, PROMPTS, SEEDS, num_steps, guidance_scale).data
 
 
 def stock(backbone: Flux2Backbone, num_steps: int, guidance_scale: float) -> torch.Tensor:
@@ -125,18 +119,7 @@ def test_default_lora_targets_wrap_both_kinds_of_block_and_switch_off_to_the_bas
     # the single-stream block's fused q/k/v + MLP input and its output projection
     single = {"single_transformer_blocks.0.attn.to_qkv_mlp_proj", "single_transformer_blocks.0.attn.to_out"}
     assert wrapped == double | single and len(wrapped) == 14
-    with torch.no_grad():  # B starts at zero: make the adapters matter
-        for name, p in backbone.transformer.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
-    x = base.sample_noise([torch.Generator().manual_seed(s) for s in SEEDS])
-    conditions, sigma = base.encode(PROMPTS), torch.tensor(0.6)
-    expected = base.predict(x, sigma, conditions, 4.0)
-    assert (backbone.predict(x, sigma, conditions, 4.0) - expected).abs().max() > 1e-3
-    with adapters_disabled(backbone.transformer):
-        torch.testing.assert_close(backbone.predict(x, sigma, conditions, 4.0), expected, atol=1e-6, rtol=0)
-    torch.testing.assert_close(backbone.predict(x, sigma, conditions, 4.0, reference=True), expected,
-                               atol=1e-6, rtol=0)
+    check_adapters_switch_off(base, backbone, 4.0, PROMPTS, SEEDS)
 
 
 def test_adapters_saved_alone_load_into_the_stock_pipeline(tmp_path):

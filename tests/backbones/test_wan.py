@@ -13,8 +13,7 @@ from gyremedia.backbones.transformer_policy import LoraOptions, adapters_disable
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError
 from gyremedia.plugins import PluginManager
-from gyremedia.sampling import sample_trajectories
-from gyremedia_samplers.ode import EulerODESampler
+from backbone_checks import ode_samples
 
 PROMPTS, SEEDS = ["a red circle", "two green triangles"], [5, 6]
 TEXT = 16  # text tokens: short, and not the pipeline's default (512), so generation_arguments must carry it
@@ -43,11 +42,7 @@ def backbone() -> wan.WanBackbone:
 
 def ours(backbone: wan.WanBackbone, guidance_scale: float, num_steps: int = 4):
     """The clips our Euler ODE sampler generates from the seeds' noise."""
-    generators = [torch.Generator().manual_seed(s) for s in SEEDS]
-    states, _, _ = sample_trajectories(backbone, EulerODESampler(), backbone.encode(PROMPTS),
-                                       initial_generators=generators, step_generators=[], num_steps=num_steps,
-                                       guidance_scale=guidance_scale)
-    return backbone.decode(states[:, -1])
+    return ode_samples(backbone, PROMPTS, SEEDS, num_steps, guidance_scale)
 
 
 def stock(backbone: wan.WanBackbone, guidance_scale: float, num_steps: int = 4) -> torch.Tensor:
