@@ -7,7 +7,7 @@ Prints one JSON line: per run, the first on-policy update's mean importance rati
 reproduces the rollout) and approximate KL (exactly 0), steps per second (rollout, reward and update, over
 the steps after the first, which pays for warm-up), peak GPU memory and the transformer's size; also the
 device, torch and CUDA versions. The runs: the quickstart recipe in fp32 and under bf16 autocast, then
-flow_matching / flux / wan / qwen_image tiny replicas and the 2.2 B-parameter SD3.5-Medium-shaped
+flow_matching / flux / flux2 / wan / qwen_image tiny replicas and the 2.2 B-parameter SD3.5-Medium-shaped
 transformer (24 joint blocks of 24 x 64 heads, 512 px) under `train.mixed_precision=bf16` with LoRA. Takes a
 few minutes on a current GPU; it refuses to run without CUDA, since on a CPU it would measure nothing this
 script is for (tests/test_device_placement.py covers device placement there).
@@ -42,6 +42,7 @@ RUNS = {
     "quickstart_bf16_autocast": ["train.mixed_precision=bf16"],
     "flow_matching_tiny": [*TINY, *BF16_LORA, "backbone.name=flow_matching"],
     "flux_tiny": [*TINY, *BF16_LORA, "backbone={name: flux}"],
+    "flux2_tiny": [*TINY, *BF16_LORA, "backbone={name: flux2}"],
     "wan_tiny": [*TINY, *BF16_LORA, "backbone={name: wan}"],
     "qwen_image_tiny": [*TINY, *BF16_LORA, "backbone={name: qwen_image}"],
     "sd35_medium_shape": [*TINY, *BF16_LORA, "backbone.name=flow_matching", *SD35_MEDIUM, "rollout.batch_size=4",

@@ -207,7 +207,9 @@ def read_checkpoint(accelerator, path: Path) -> LoadedCheckpoint:
     try:
         weights = load((path / WEIGHTS).read_bytes())
         weights = {k: v.to(device) for k, v in weights.items()}
-        optimizer = torch.load(path / OPTIMIZER, map_location=device, weights_only=False)
+        # on the CPU: load_state_dict moves each state to its parameter's device; a sharded run's (whole) state
+        # must not land whole on every accelerator
+        optimizer = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=False)
         scheduler = torch.load(path / SCHEDULER, weights_only=False)
         state = json.loads((path / TRAINER_STATE).read_text())
         components = path / COMPONENTS

@@ -33,6 +33,14 @@ def shard(module: torch.nn.Module, reshard_after_forward: bool = True) -> int:
     units = shard_units(module)
     if not units:
         raise ValueError(f"{type(module).__name__} lists no block classes in _no_split_modules: nothing to shard by")
+    for unit in [*units, module]:
+        # FSDP2 keeps one dtype per unit of trained weights: a model that keeps some in fp32 beside bf16 ones
+        # (diffusers' _keep_in_fp32_modules, e.g. Wan's norms) cannot be trained in bf16 weights sharded
+        dtypes = {p.dtype for p in unit.parameters() if p.requires_grad}
+        if len(dtypes) > 1:
+            raise ValueError(f"{type(unit).__name__} trains weights of several dtypes ({', '.join(sorted(map(str, dtypes)))}"
+                             "), which FSDP2 cannot shard together: keep the weights in fp32 (backbone.dtype=float32"
+                             ", with train.mixed_precision=bf16 to compute in bf16) or train LoRA adapters")
     for unit in units:
         fully_shard(unit, reshard_after_forward=reshard_after_forward)
     fully_shard(module, reshard_after_forward=reshard_after_forward)

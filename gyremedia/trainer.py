@@ -110,12 +110,17 @@ def resolve_sharding(config: ResolvedConfig, accelerator: Any, plugins: PluginMa
     choice = config.core.train.sharding
     # without an accelerator device accelerate turns an FSDP launch into plain gloo processes; its flag stays
     fsdp_launch = launch == "FSDP" or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+    if choice == "none" and launch == "FSDP":
+        # accelerate.prepare would shard the model itself, behind the trainer's back
+        raise ConfigError("train.sharding=none on an FSDP launch: launch with configs/accelerate/ddp.yaml to train "
+                          "unsharded, or leave train.sharding at auto")
     if choice == "none" or (choice == "auto" and not fsdp_launch):
         return False
     backbone = config.backbone.name
     if not plugins.component("backbone", backbone).meta.get("shardable"):
         raise ConfigError(f"train.sharding={choice}: backbone {backbone!r} cannot be sharded (its processes do not "
-                          "run the same model calls in a step): use train.sharding=none")
+                          "run the same model calls in a step): use train.sharding=none and a DDP launch "
+                          "(configs/accelerate/ddp.yaml)")
     if accelerator.num_processes == 1:
         logger.info("train.sharding=%s with one process: nothing to shard", choice)
         return False
@@ -233,8 +238,10 @@ class Trainer:
             logger.warning("no usable checkpoint in %s: starting from step 0", self.run_dir)
         elif bool(loaded.state.get("sharded", False)) != self.sharded:
             saved = "sharded" if loaded.state.get("sharded") else "unsharded"
-            raise ConfigError(f"{loaded.path} was written by a {saved} run: resume it with train.sharding="
-                              f"{'fsdp2' if loaded.state.get('sharded') else 'none'}")
+            how = (f"on {loaded.state['num_processes']} processes with train.sharding=fsdp2" if loaded.state.get("sharded")
+                   else "with train.sharding=none")
+            raise ConfigError(f"{loaded.path} was written by a {saved} run (its optimizer state is laid out for it): "
+                              f"resume it {how}")
         return loaded
 
     def _resume(self, loaded: ckpt.LoadedCheckpoint) -> None:
@@ -354,7 +361,8 @@ class Trainer:
             not_finite: set[str] = set()
             for k, micro in enumerate(micro_steps):
                 last = k == len(micro_steps) - 1
-                sync = contextlib.nullcontext() if last else acc.no_sync(self._trained_module)
+                # sharded gradients are reduce-scattered every micro-step (skipping it would keep whole ones)
+                sync = contextlib.nullcontext() if last or self.sharded else acc.no_sync(self._trained_module)
                 with sync:
                     out = state.objective.loss(ctx, batch, micro)
                     loss, terms = out.loss, dict(out.metrics)

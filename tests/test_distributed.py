@@ -102,6 +102,17 @@ def test_fsdp2_shards_the_model_and_trains_as_ddp(single_and_ddp, tiny_yaml, tmp
     assert int(loaded.stdout.split()[-1]) == ranks[0]["steps"][0]["parameters"]
 
 
+@pytest.mark.slow
+def test_fsdp2_trains_nft_with_an_old_policy_as_ddp_does(tiny_yaml, tmp_path):
+    """The EMA old policy NFT compares with is swapped into the shards in place (FSDP gathers from the
+    shards' own storage) and checkpointed whole: sharded and replicated runs end with the same weights."""
+    nft = ("sampler.name=ode", "objective={name: nft, old_policy_decay: 0.5}", "train.num_minibatches=2")
+    replicated = run_worker(tiny_yaml, tmp_path / "ddp", 2, nft)
+    sharded = run_worker(tiny_yaml, tmp_path / "fsdp", 2, (*nft, "train.sharding=fsdp2", "export.on_train_end=true"))
+    torch.testing.assert_close(torch.tensor(sharded[0]["weights"]), torch.tensor(replicated[0]["weights"]),
+                               rtol=0, atol=1e-6)
+
+
 PARETO_AND_HINGE = ("pareto.enabled=true", "backbone.preference_inputs=2", "rewards=[jpeg_compressibility, shapes_verifier]",
                     "regularizers=[velocity_norm_hinge]")
 

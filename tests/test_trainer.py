@@ -509,4 +509,5 @@ def test_processes_launched_together_but_running_alone_are_refused(make_config, 
         resolve_sharding(make_config(), deepspeed, PluginManager())
     fsdp = SimpleNamespace(num_processes=2, distributed_type=SimpleNamespace(value="FSDP"))
     assert resolve_sharding(make_config(), fsdp, PluginManager())  # train.sharding=auto follows the launch
-    assert not resolve_sharding(make_config("train.sharding=none"), fsdp, PluginManager())
+    with pytest.raises(ConfigError, match="train.sharding=none on an FSDP launch: launch with configs/accelerate/ddp.yaml"):
+        resolve_sharding(make_config("train.sharding=none"), fsdp, PluginManager())  # accelerate would shard it

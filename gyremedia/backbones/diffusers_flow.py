@@ -272,5 +272,6 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
             lines.append(f'pipe.load_lora_weights("{out_dir}")')
         lines += [f'output = pipe(prompt="a prompt"{arguments})', "```", "",
                   "The arguments after the prompt are the ones it was trained with (sizes, text tokens): "
-                  "other values work, but move away from what training saw.", ""]
+                  "other values work, but move away from what training saw. Pass the guidance it was trained "
+                  "with too: the run's `rollout.guidance_scale` (its config.yaml).", ""]
         return "\n".join(lines)

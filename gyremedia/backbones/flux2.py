@@ -96,7 +96,7 @@ class Flux2Backbone(DiffusersFlowPolicy):
 
     def encode_prompt(self, prompt: str) -> dict[str, torch.Tensor]:
         # the text position ids are rebuilt in transformer_inputs: not a condition
-        embeds, _ = self.pipeline.encode_prompt(prompt=[prompt], device=self.device,
+        embeds, _ = self.pipeline.encode_prompt(prompt=[prompt], device=self.encoder_device,
                                                 max_sequence_length=self.options.max_sequence_length)
         return {"prompt_embeds": embeds[0]}
 

@@ -17,6 +17,7 @@ shares). What is Qwen-Image's own:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -256,6 +257,11 @@ class QwenImageBackbone(DiffusersFlowPolicy):
 
     def generation_arguments(self) -> dict[str, int]:
         return {"height": self.height, "width": self.width, "max_sequence_length": self.max_sequence_length}
+
+    def usage(self, out_dir: Path, adapters_only: bool) -> str:
+        return super().usage(out_dir, adapters_only) + (
+            "For Qwen-Image that guidance is `true_cfg_scale=<rollout.guidance_scale>` with "
+            f"`negative_prompt={self.options.negative_prompt!r}` (the pipeline guides only given a negative prompt).\n")
 
     @torch.no_grad()
     def decode(self, final: torch.Tensor) -> Media:

@@ -82,7 +82,7 @@ class OldPolicy:
             return
         params = self._params(module)
         if self._loaded:
-            self.shadow = [self._loaded[str(i)].to(p.device, p.dtype) for i, p in enumerate(params)]
+            self.shadow = [laid_out_like(self._loaded[str(i)], p) for i, p in enumerate(params)]
         else:
             self.shadow = [p.detach().clone() for p in params]
         self._loaded = None
@@ -96,26 +96,45 @@ class OldPolicy:
 
     @contextlib.contextmanager
     def swapped_in(self, module: torch.nn.Module) -> Iterator[None]:
-        """Within the block the module computes with the old weights (storage swapped, not copied)."""
+        """Within the block the module computes with the old weights: storage swapped, not copied, except for
+        sharded (FSDP2) weights, which are copied in place: FSDP gathers from the shard's own storage."""
         self.ensure(module)
         params = self._params(module)
-        current = [p.data for p in params]
+        sharded = any(hasattr(p, "device_mesh") for p in params)
+        current = [p.detach().clone() if sharded else p.data for p in params]
         try:
             for p, shadow in zip(params, self.shadow):
-                p.data = shadow
+                if sharded:
+                    p.data.copy_(shadow)
+                else:
+                    p.data = shadow
             yield
         finally:
             for p, data in zip(params, current):
-                p.data = data
+                if sharded:
+                    p.data.copy_(data)
+                else:
+                    p.data = data
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        """The old weights, whole (sharded ones gathered: a collective every process calls)."""
         if self.shadow is None:  # not used since a resume (or ever): what was loaded, if anything
             return dict(self._loaded or {})
-        return {str(i): t.cpu() for i, t in enumerate(self.shadow)}
+        return {str(i): (t.full_tensor() if hasattr(t, "full_tensor") else t).cpu() for i, t in enumerate(self.shadow)}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if state:
             self.shadow, self._loaded = None, dict(state)
+
+
+def laid_out_like(whole: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``whole`` (a full tensor, the same on every process) on ``param``'s device and dtype, and, for a sharded
+    parameter (a DTensor), cut into this process's shard the way ``param`` is."""
+    if hasattr(param, "device_mesh"):
+        from torch.distributed.tensor import distribute_tensor
+
+        return distribute_tensor(whole.to(param.dtype), param.device_mesh, param.placements)
+    return whole.to(param.device, param.dtype)
 
 
 @dataclass
