@@ -64,6 +64,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     state = trainer.train()
     if state.accelerator.is_main_process:
         print("\n".join(trainer.summary()))
+    state.accelerator.wait_for_everyone()
+    state.accelerator.end_training()  # every process leaves the process group together, then exits
     return 0
 
 
