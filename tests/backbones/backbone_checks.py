@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gyremedia.backbones.transformer_policy import adapters_disabled
@@ -34,3 +35,13 @@ def check_adapters_switch_off(base, adapted, guidance_scale: float, prompts: lis
         torch.testing.assert_close(adapted.predict(x, sigma, conditions, guidance_scale), expected, atol=1e-6, rtol=0)
     torch.testing.assert_close(adapted.predict(x, sigma, conditions, guidance_scale, reference=True), expected,
                                atol=1e-6, rtol=0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matrices: intra-op threads only add overhead (4-5x slower on a loaded 2-core machine). A test module
+    uses it by importing it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -13,19 +13,10 @@ from gyremedia.backbones.tiny_flux import TinyFluxOptions
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, validate
 from gyremedia.plugins import PluginManager
-from backbone_checks import ode_samples, check_adapters_switch_off
+from backbone_checks import ode_samples, check_adapters_switch_off, one_thread  # noqa: F401 - an autouse fixture
 
 PLUGINS = PluginManager()
 PROMPTS, SEEDS = ["a red circle", "two green triangles"], [5, 6]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: intra-op threads only add overhead (4-5x slower on a loaded 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def build(**overrides) -> FluxBackbone:

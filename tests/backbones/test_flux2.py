@@ -15,20 +15,11 @@ from gyremedia.backbones.flux2 import Flux2Backbone, Flux2Options
 from gyremedia.backbones.tiny_flux2 import TinyFlux2Options
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, validate
-from backbone_checks import ode_samples, check_adapters_switch_off
+from backbone_checks import ode_samples, check_adapters_switch_off, one_thread  # noqa: F401 - an autouse fixture
 
 PROMPTS, SEEDS = ["a red circle", "two green triangles"], [5, 6]
 # klein's chat template takes ~14 tokens around the prompt; [dev]'s system message ~30 before it
 TEXT = {"klein-base": 32, "klein": 32, "dev": 64}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: intra-op threads only add overhead (4-5x slower on a loaded 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def build(variant: str = "klein-base", **overrides) -> Flux2Backbone:

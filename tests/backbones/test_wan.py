@@ -13,7 +13,7 @@ from gyremedia.backbones.transformer_policy import LoraOptions, adapters_disable
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError
 from gyremedia.plugins import PluginManager
-from backbone_checks import ode_samples
+from backbone_checks import ode_samples, one_thread  # noqa: F401 - an autouse fixture
 
 PROMPTS, SEEDS = ["a red circle", "two green triangles"], [5, 6]
 TEXT = 16  # text tokens: short, and not the pipeline's default (512), so generation_arguments must carry it
@@ -24,15 +24,6 @@ def build(**overrides) -> wan.WanBackbone:
     options.validate()
     pm = PluginManager()
     return pm.component("backbone", "wan").build(options, BuildContext(device=torch.device("cpu")))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny models are far too small to gain from threads; on a busy CPU they lose a lot to them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
