@@ -98,6 +98,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if gold:  # held-out rewards the run never trained on: did the gain cost them?
         report["gold"] = {k[len("gold/"):]: {label: evaluation.nanmean(r.scores[k]) for label, r in results.items()} for k in gold}
     report["gain"] = evaluation.paired_gain(results["base"].scores[key], results["trained"].scores[key])
+    # every score (rewards, their parts, gold rewards), trained minus base over the same samples
+    report["differences"] = {k: evaluation.paired_difference(results["base"].scores[k], results["trained"].scores[k])
+                             for k in sorted(results["base"].scores) if k in results["trained"].scores}
     report["metric"] = key
     report["samples"] = len(results["base"].prompts)
     report["checkpoint"] = str(checkpoint)
@@ -115,6 +118,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for name, (base, trained) in rows.items():
         print(f"{name:<{width}}{base:>10.3f}{trained:>10.3f}")
     print(f"gain: {gain['points']:+.1f} points (95% CI {gain['ci95_low']:+.1f} to {gain['ci95_high']:+.1f}, paired)")
+    width = max(map(len, report["differences"])) + 2
+    print(f"\nevery score, trained - base (paired 95% interval):\n{'':<{width}}{'base':>10}{'trained':>10}{'change':>10}")
+    for name, d in report["differences"].items():
+        base, trained = evaluation.nanmean(results["base"].scores[name]), evaluation.nanmean(results["trained"].scores[name])
+        print(f"{name:<{width}}{base:>10.4g}{trained:>10.4g}{d['mean']:>+10.4g}  ({d['ci95_low']:+.4g} to {d['ci95_high']:+.4g})")
     for point in report.get("pareto_front", []):
         print(f"preference {point['weights']}: " + ", ".join(f"{s.name} {point[s.name]:.4f}" for s in config.rewards))
     return 0

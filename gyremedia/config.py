@@ -595,9 +595,10 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
         errors.append(f"reward {name!r} is selected twice: combine its scores in one reward, or register it "
                       "under a second name")
     errors += _prompt_checks(core)
-    if core.eval.metric is not None and "/" not in core.eval.metric:
+    if core.eval.metric is not None and "/" not in core.eval.metric and core.eval.metric not in names:
         example = f"{rewards[0].name}/<component>" if rewards else "<reward>/<component>"
-        errors.append(f"eval.metric={core.eval.metric!r}: expected '<reward>/<component>', e.g. {example!r}")
+        errors.append(f"eval.metric={core.eval.metric!r}: expected a reward's name (its score) or "
+                      f"'<reward>/<component>', e.g. {example!r}")
     backbone = selected.get("backbone")
     for path in ("sampler", "eval.sampler"):
         chosen = selected.get(path)

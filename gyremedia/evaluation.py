@@ -122,20 +122,28 @@ def accuracy_key(config: ResolvedConfig) -> str:
     return config.core.eval.metric or config.rewards[0].name
 
 
-def paired_gain(base: torch.Tensor, trained: torch.Tensor) -> dict[str, float]:
-    """Mean of ``trained - base`` over paired samples (same prompt and noise) with a normal 95% interval."""
+def paired_difference(base: torch.Tensor, trained: torch.Tensor) -> dict[str, float]:
+    """Mean of ``trained - base`` over paired samples (same prompt and noise) with a normal 95% interval, in
+    the score's own units."""
     diff = (trained - base).double()
     diff = diff[~torch.isnan(diff)]
     mean = float(diff.mean())
     half = 1.96 * float(diff.std(unbiased=True)) / math.sqrt(len(diff)) if len(diff) > 1 else math.inf
-    return {"points": 100 * mean, "ci95_low": 100 * (mean - half), "ci95_high": 100 * (mean + half), "samples": len(diff)}
+    return {"mean": mean, "ci95_low": mean - half, "ci95_high": mean + half, "samples": len(diff)}
+
+
+def paired_gain(base: torch.Tensor, trained: torch.Tensor) -> dict[str, float]:
+    """:func:`paired_difference` of a score in [0, 1], in percentage points."""
+    d = paired_difference(base, trained)
+    return {"points": 100 * d["mean"], "ci95_low": 100 * d["ci95_low"], "ci95_high": 100 * d["ci95_high"],
+            "samples": d["samples"]}
 
 
 def save_grid(media: Media, prompts: list[str], path: Path, count: int) -> Path | None:
-    """A captioned grid of the first ``count`` samples: a PNG of images, an animated GIF of videos, a text
-    file of prompts and completions (``path`` with its suffix changed); other kinds are skipped.
-    Returns the file written."""
-    from gyremedia.media_io import save_image_grid, save_video_grid
+    """A captioned grid of the first ``count`` samples: a PNG of images, an animated GIF of videos, a PNG of
+    spectrograms beside one wav file per sample (in a folder named like ``path``), a text file of prompts and
+    completions (``path`` with its suffix changed). Returns the file written."""
+    from gyremedia.media_io import save_image_grid, save_spectrogram_grid, save_video_grid, save_wavs
 
     if media.kind == "image":
         save_image_grid(media.data[:count], prompts[:count], path)
@@ -143,6 +151,11 @@ def save_grid(media: Media, prompts: list[str], path: Path, count: int) -> Path 
     if media.kind == "video":
         path = Path(path).with_suffix(".gif")
         save_video_grid(media.data[:count], prompts[:count], path, fps=media.meta.get("fps", 4))
+        return path
+    if media.kind == "audio":
+        rate = media.meta["sample_rate"]
+        save_wavs(media.data[:count], rate, Path(path).with_suffix(""), [f"{i:02d}" for i in range(min(count, len(media.data)))])
+        save_spectrogram_grid({"": media.data[:count]}, prompts[:count], path, sample_rate=rate)
         return path
     if media.kind == "text":
         path = Path(path).with_suffix(".txt")

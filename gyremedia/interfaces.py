@@ -123,6 +123,11 @@ class DenoisingBackbone(Policy, Protocol):
         With ``reference=True`` it is the frozen reference policy's output (no gradients).
         """
 
+    def flow_velocity(self, x: torch.Tensor, t: torch.Tensor, conditions: dict[str, torch.Tensor],
+                      guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+        """The velocity ``eps - x0`` at flow-path states ``x = (1 - t) x0 + t eps`` (what forward-process
+        objectives train): ``predict`` itself for a flow backbone, a conversion of it for others."""
+
     def decode(self, final: torch.Tensor) -> Media:
         """Turn final states into media for the rewards."""
 
@@ -231,7 +236,9 @@ class Regularizer(Protocol):
 
     ``outputs`` holds at least ``model_output`` (the policy's prediction, with gradient), ``state``,
     ``sigma`` and ``conditions`` (where it was made, for the rows the objective trained; ratio
-    objectives add the replayed ``transition``, its ``index`` and the trajectory's ``sigmas``). Returns named loss terms, or a :class:`LossOutput` (one loss
+    objectives add the replayed ``transition``, its ``index`` and the trajectory's ``sigmas``; forward-process
+    objectives set ``flow_path``: their output is the policy's ``flow_velocity`` at flow-path states, not its
+    own prediction). Returns named loss terms, or a :class:`LossOutput` (one loss
     plus metrics to log); the trainer adds them, times the regularizer's weight, to the loss.
     """
 

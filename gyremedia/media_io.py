@@ -1,4 +1,5 @@
-"""Writing media for people to look at: captioned image grids, animated video grids and metric curves."""
+"""Writing media for people to look at and listen to: captioned image grids, animated video grids, audio
+files with spectrogram grids, and metric curves."""
 
 from __future__ import annotations
 
@@ -41,6 +42,66 @@ def save_video_grid(videos: torch.Tensor, captions: list[str], path: Path, *, fp
     frames = [image_grid(videos[:, t], captions, **layout) for t in range(videos.shape[1])]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     frames[0].save(path, save_all=True, append_images=frames[1:], duration=round(1000 / fps), loop=0)
+
+
+def save_wavs(audio: torch.Tensor, sample_rate: int, folder: Path, names: list[str]) -> list[Path]:
+    """Save ``[N, C, S]`` audio in [-1, 1] as 16-bit PCM ``folder/<name>.wav`` files (one per name)."""
+    import wave
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    pcm = (audio.detach().float().cpu().clamp(-1, 1) * 32767).round().to(torch.int16).numpy()
+    paths = []
+    for samples, name in zip(pcm, names):
+        path = folder / f"{name}.wav"
+        with wave.open(str(path), "wb") as out:
+            out.setnchannels(samples.shape[0])
+            out.setsampwidth(2)
+            out.setframerate(sample_rate)
+            out.writeframes(np.ascontiguousarray(samples.T).tobytes())
+        paths.append(path)
+    return paths
+
+
+def read_wav(path: Path) -> tuple[torch.Tensor, int]:
+    """A 16-bit PCM wav file as ``[C, S]`` floats in [-1, 1] and its sample rate."""
+    import wave
+
+    with wave.open(str(path), "rb") as source:
+        frames = np.frombuffer(source.readframes(source.getnframes()), dtype=np.int16)
+        channels, rate = source.getnchannels(), source.getframerate()
+    return torch.from_numpy(frames.reshape(-1, channels).T / 32767).float(), rate
+
+
+def save_spectrogram_grid(rows: dict[str, torch.Tensor], captions: list[str], path: Path, *, sample_rate: int,
+                          n_fft: int = 512) -> None:
+    """Log-magnitude spectrograms (dB, first channel) of audio ``[N, C, S]``: one row per entry of ``rows``
+    (e.g. noisy / base / trained / clean), one column per sample, captioned, on one colour scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    count = len(captions)
+    figure, axes = plt.subplots(len(rows), count, figsize=(2.2 * count, 1.8 * len(rows)), squeeze=False)
+    window = torch.hann_window(n_fft)
+    for r, (label, audio) in enumerate(rows.items()):
+        for c in range(count):
+            spectrum = torch.stft(audio[c, 0].detach().float().cpu(), n_fft, n_fft // 4, window=window,
+                                  return_complex=True).abs()
+            decibels = 20 * torch.log10(spectrum.clamp(min=1e-5))
+            axes[r][c].imshow(decibels.numpy(), origin="lower", aspect="auto", vmin=-80, vmax=20, cmap="magma",
+                              extent=(0, audio.shape[-1] / sample_rate, 0, sample_rate / 2000))
+            axes[r][c].set_xticks([])
+            axes[r][c].set_yticks([] if c else [0, sample_rate // 4000])
+            if c == 0:
+                axes[r][c].set_ylabel(f"{label}\nkHz", fontsize=8)
+            if r == 0:
+                axes[r][c].set_title("\n".join(textwrap.wrap(captions[c], 28)[:3]), fontsize=6)
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
 
 
 def plot_metrics(metrics_file: Path, path: Path, eval_keys: list[str], keys: list[str] | None = None) -> None:

@@ -45,6 +45,7 @@ class HackingMonitor:
                 guidance_scale: float) -> None:
         """Add the gold scores, drift and warnings for the evaluation at ``step`` to ``metrics``."""
         for key, values in score(self.gold, result.media, result.prompts).items():
+            result.scores[f"gold/{key}"] = values  # per sample, for the run's paired base-vs-trained changes
             metrics[f"eval/gold/{key}"] = nanmean(values)
         if self.settings.drift:
             metrics["eval/drift"] = backbone.reference_drift(result.prompts, result.extras["generated"],

@@ -15,6 +15,7 @@ from gyremedia.plugins import PluginManager
 
 RESOLVED_CONFIG = "config.yaml"
 EXPORT_DIR = "pipeline"
+CHANGES_FILE = "heldout_changes.json"  # every eval score, last step minus step 0, with paired intervals
 
 
 def run_config(run_dir: Path, overrides: list[str], pm: PluginManager) -> ResolvedConfig:

@@ -35,7 +35,7 @@ from gyremedia.media_io import plot_metrics, plot_pareto_front
 from gyremedia.monitor import HackingMonitor
 from gyremedia.rollout import Rollout
 from gyremedia.state import TrainState
-from gyremedia.runs import EXPORT_DIR, RESOLVED_CONFIG
+from gyremedia.runs import CHANGES_FILE, EXPORT_DIR, RESOLVED_CONFIG
 from gyremedia.scoring import RewardError, Scorer, reward_error  # noqa: F401 - RewardError is part of the API
 from gyremedia.streams import Stream, stream_rng
 
@@ -156,7 +156,7 @@ class Trainer:
         self._base_metrics: dict[str, float] | None = None  # the step-0 evaluation (not kept across a resume)
         self._last_save: tuple[int, float] | None = None  # (step, monotonic time) of the last checkpoint
         self._nonfinite_skipped = 0
-        self._eval_scores: dict[int, torch.Tensor] = {}  # per-sample accuracy at step 0 and at the last step
+        self._eval_scores: dict[int, dict[str, torch.Tensor]] = {}  # per-sample scores at step 0 and the last step
         self._signal: int | None = None  # the first SIGTERM / SIGINT received
 
     # ------------------------------------------------------------------ set-up
@@ -463,9 +463,8 @@ class Trainer:
                                  self.core.eval.grid_size)
             if step == 0:
                 self._base_metrics = metrics
-            key = evaluation.accuracy_key(self.config)
-            if key in result.scores and step in (0, self.core.train.steps):
-                self._eval_scores[step] = result.scores[key]
+            if step in (0, self.core.train.steps):
+                self._eval_scores[step] = dict(result.scores)
             state.plugins.hook.gyremedia_on_eval(state=state, media=result.media, metrics=metrics)
         self.accelerator.wait_for_everyone()
         return metrics
@@ -530,9 +529,20 @@ class Trainer:
             shown = dict.fromkeys([f"eval/{evaluation.accuracy_key(self.config)}",
                                    *(f"eval/{s.name}" for s in self.config.rewards)])
             plot_metrics(metrics_file, self.run_dir / "reward_curve.png", eval_keys=list(shown))
+        changes = self._heldout_changes()
+        if changes:
+            (self.run_dir / CHANGES_FILE).write_text(json.dumps(changes, indent=1))
         if self.core.export.on_train_end:
             self.state.backbone.save_pretrained(self.run_dir / EXPORT_DIR, merge_lora=self.core.export.merge_lora)
             logger.info("exported the trained pipeline to %s", self.run_dir / EXPORT_DIR)
+
+    def _heldout_changes(self) -> dict[str, dict[str, float]]:
+        """Every eval score (rewards, their parts, gold rewards), last step minus step 0 over the same samples,
+        with a paired 95% interval; empty unless this run evaluated both."""
+        base, final = self._eval_scores.get(0), self._eval_scores.get(self.core.train.steps)
+        if not base or not final:
+            return {}
+        return {k: evaluation.paired_difference(base[k], final[k]) for k in sorted(final) if k in base}
 
     def train(self) -> TrainState:
         """Run from the current step to ``train.steps``; returns the final state.
@@ -623,7 +633,8 @@ class Trainer:
         minutes, seconds = divmod(round(time.monotonic() - getattr(self, "_started", time.monotonic())), 60)
         lines.append(f"trained {self.state.step} steps in {minutes} min {seconds} s; run folder: {run}")
         key = evaluation.accuracy_key(self.config)
-        base, final = self._eval_scores.get(0), self._eval_scores.get(self.core.train.steps)
+        changes = self._heldout_changes()
+        base, final = (self._eval_scores.get(step, {}).get(key) for step in (0, self.core.train.steps))
         if final is not None:
             values = final[~torch.isnan(final)]
             fraction = bool(len(values)) and bool(((values >= 0) & (values <= 1)).all())
@@ -639,6 +650,11 @@ class Trainer:
             else:
                 lines.append(f"held-out {key}: {show(evaluation.nanmean(final))} at step {self.state.step} "
                              "(the base model was evaluated before the resume: `gyremedia eval` compares both)")
+        others = [k for k in changes if k != key and "/" not in k.removeprefix("gold/")]  # each reward's own score
+        if others:
+            lines.append("other held-out scores, trained - base (paired 95% interval): " + "; ".join(
+                f"{k} {changes[k]['mean']:+.3g} ({changes[k]['ci95_low']:+.3g} to {changes[k]['ci95_high']:+.3g})"
+                for k in others) + f"; all in {run / CHANGES_FILE}")
         grids = sorted((str(p) for p in (run / "samples").glob("*") if p.stem in ("before", "after")), reverse=True)
         if grids:
             lines.append(f"samples: {', '.join(grids)}")

@@ -4,6 +4,12 @@ A denoising backbone implements the denoising contract (:class:`gyremedia.interf
 ``encode``, ``sample_noise``, ``predict``, ``decode`` and a ``scheduler``); inheriting
 :class:`DenoisingPolicy` turns it into the policy the trainer drives (:class:`gyremedia.interfaces.Policy`).
 A transition is one sampler step of the state; the sampler is the run's ``sampler`` section.
+
+Two noise conventions meet here. ``predict`` and ``sigmas`` are the backbone's own (what its samplers step
+on: a flow's velocity, or a variance-preserving model's noise at ``sigma = sqrt(1 - alpha_bar)``). The
+forward-process objectives and the reference drift work on the flow path ``x_t = (1 - t) x0 + t eps``
+(:func:`gyremedia.sampling.renoise`) with the velocity ``v = eps - x0`` there, through :meth:`flow_velocity`:
+the policy owns that conversion, and for a flow backbone it is the identity.
 """
 
 from __future__ import annotations
@@ -33,6 +39,13 @@ class DenoisingPolicy:
         scheduler = copy.deepcopy(self.scheduler)
         scheduler.set_timesteps(num_steps, device=self.device)
         return scheduler.sigmas.float()
+
+    def flow_velocity(self, x: torch.Tensor, t: torch.Tensor, conditions: dict[str, torch.Tensor],
+                      guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+        """The velocity ``v = eps - x0`` at flow-path states ``x = (1 - t) x0 + t eps`` (``t`` a scalar or
+        ``[B]``), what the forward-process objectives train. A flow backbone predicts exactly that (this
+        default); a backbone on another forward process overrides it with its exact conversion."""
+        return self.predict(x, t, conditions, guidance_scale, reference=reference)
 
     def conditions(self, prompts: list[str], preference: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """The backbone's conditions for ``prompts``, plus Pareto preference weights (``[B, R]``, or one
@@ -125,8 +138,8 @@ class DenoisingPolicy:
             for t in torch.linspace(0, 1, levels + 2)[1:-1].tolist():
                 xt = renoise(x0, noise, t)
                 level = torch.tensor(t, device=x0.device)
-                v = self.predict(xt, level, conditions, guidance_scale).float()
-                v_ref = self.predict(xt, level, conditions, guidance_scale, reference=True).float()
+                v = self.flow_velocity(xt, level, conditions, guidance_scale).float()
+                v_ref = self.flow_velocity(xt, level, conditions, guidance_scale, reference=True).float()
                 gap += float((v - v_ref).pow(2).sum())
                 norm += float(v_ref.pow(2).sum())
         return gap / max(norm, 1e-12)

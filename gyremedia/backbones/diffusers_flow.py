@@ -5,6 +5,12 @@ The pipeline's text encoders and VAE stay frozen; its transformer is the policy 
 transformer predicts ``v = eps - x0``. A subclass names its pipeline class and supplies what differs between
 architectures: how one prompt is encoded, the state's shape, the transformer's inputs (packing, position ids,
 guidance embedding), how two predictions combine under classifier-free guidance, and how a state decodes.
+
+A pipeline whose denoiser is not called ``transformer`` (Stable Diffusion's ``unet``) names it in
+``denoiser_component``: it is still held as ``self.transformer``, the one network the shared training code
+(:class:`~gyremedia.backbones.transformer_policy.TransformerPolicy`) trains, and it goes back under its own
+name into exports. A backbone on another forward process (variance-preserving diffusion) maps the noise
+level to the network's timestep in :meth:`DiffusersFlowPolicy.model_timestep` and converts its output.
 """
 
 from __future__ import annotations
@@ -73,6 +79,8 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
     pipeline_class: ClassVar[str]  # the diffusers pipeline class a folder loads and an export is
     # what the transformer's ``timestep`` input is per unit of sigma (SD3 and Wan: 1000; FLUX, Qwen-Image: 1)
     timestep_scale: ClassVar[float] = 1000.0
+    # the pipeline component that is the trained network (held as ``self.transformer``)
+    denoiser_component: ClassVar[str] = "transformer"
 
     def __init__(self, options: PipelineOptions, context: BuildContext) -> None:
         self.options = options
@@ -95,7 +103,7 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         self.pipeline.to(self.device)
         self.encoder_device = torch.device("cpu") if options.text_encoders_on_cpu else self.device
         for name, part in self.pipeline.components.items():
-            if isinstance(part, torch.nn.Module) and name != "transformer":
+            if isinstance(part, torch.nn.Module) and name != self.denoiser_component:
                 part.requires_grad_(False).eval()
                 if name.startswith("text_encoder"):
                     part.to(self.encoder_device)
@@ -104,9 +112,9 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
                 if not hasattr(self.pipeline.vae, method):
                     raise ValueError(f"{type(self.pipeline.vae).__name__} has no {method}(): turn it off")
                 getattr(self.pipeline.vae, method)()
+        self.transformer = getattr(self.pipeline, self.denoiser_component)
         if options.attention == "xformers":
-            self.pipeline.transformer.enable_xformers_memory_efficient_attention()
-        self.transformer = self.pipeline.transformer
+            self.transformer.enable_xformers_memory_efficient_attention()
         self.scheduler = self.pipeline.scheduler
         self._prepare_training(options.lora, options.gradient_checkpointing, context.mixed_precision)
         self._prompt_cache: dict[str, dict[str, torch.Tensor]] = {}
@@ -122,7 +130,7 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         raise NotImplementedError
 
     def _transformer_replaced(self) -> None:
-        self.pipeline.transformer = self.transformer
+        setattr(self.pipeline, self.denoiser_component, self.transformer)
 
     # ------------------------------------------------------------------ architecture hooks
 
@@ -138,6 +146,10 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
                            guidance_scale: float) -> dict[str, Any]:
         """The keyword arguments of the transformer for states ``x`` at ``timestep [B]``."""
         raise NotImplementedError
+
+    def model_timestep(self, sigma: torch.Tensor) -> torch.Tensor:
+        """The network's ``timestep`` input at noise level ``sigma`` (fp32): ``timestep_scale * sigma``."""
+        return sigma * self.timestep_scale
 
     def velocity(self, output: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The transformer's output as a velocity in the state's layout (e.g. unpacked)."""
@@ -210,7 +222,7 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         conditions = {k: v for k, v in conditions.items() if k != "preference"} | self.extra_conditions(conditions,
                                                                                                          reference)
         # in fp32 as the stock pipelines pass it (in bf16, 1000 sigma would round: 857.7 -> 856)
-        timestep = (sigma.float() * self.timestep_scale).reshape(-1).expand(x.shape[0])
+        timestep = self.model_timestep(sigma.float()).reshape(-1).expand(x.shape[0])
         cfg = self.uses_cfg(guidance_scale)
         if cfg:
             negative = self.encode([self.options.negative_prompt] * x.shape[0])
@@ -244,14 +256,15 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         if adapters_only:
             from peft import get_peft_model_state_dict
 
-            pipeline_class.save_lora_weights(
-                out_dir, transformer_lora_layers=get_peft_model_state_dict(self.transformer),
-                transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict())
+            component = self.denoiser_component  # e.g. transformer_lora_layers, unet_lora_layers
+            pipeline_class.save_lora_weights(out_dir, **{
+                f"{component}_lora_layers": get_peft_model_state_dict(self.transformer),
+                f"{component}_lora_adapter_metadata": self.transformer.peft_config["default"].to_dict()})
             return
         # the pipeline's own settings beside its components (e.g. FLUX.2 klein's is_distilled)
         settings = {k: v for k, v in self.pipeline.config.items()
                     if k in inspect.signature(pipeline_class.__init__).parameters and k not in self.pipeline.components}
-        parts = {**self.pipeline.components, **settings, "transformer": self.export_transformer()}
+        parts = {**self.pipeline.components, **settings, self.denoiser_component: self.export_transformer()}
         pipeline_class(**parts).save_pretrained(out_dir)
 
     def export_transformer(self) -> torch.nn.Module:

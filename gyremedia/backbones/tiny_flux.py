@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from gyremedia.backbones.tiny_sd3 import DEFAULT_WORDS, build_clip_tokenizer, build_t5_tokenizer
+from gyremedia.backbones.tiny_sd3 import DEFAULT_WORDS, build_clip_tokenizer, build_t5_tokenizer, build_tiny_vae
 from gyremedia.options import OptionError, option
 
 # FLUX.1's VAE latent statistics (AutoencoderKL of black-forest-labs/FLUX.1-dev)
@@ -57,7 +57,7 @@ class TinyFluxOptions:
 
 def build_tiny_flux_pipeline(options: TinyFluxOptions):
     """Build the tiny pipeline deterministically from ``options.seed``, every part in eval mode."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
     width = options.text_hidden_size
@@ -74,15 +74,9 @@ def build_tiny_flux_pipeline(options: TinyFluxOptions):
         text_encoder_2 = T5EncoderModel(T5Config(
             vocab_size=len(tokenizer_2), d_model=width, d_kv=8, d_ff=2 * width, num_layers=1, num_heads=2,
             pad_token_id=tokenizer_2.pad_token_id, eos_token_id=tokenizer_2.eos_token_id))
-        vae = AutoencoderKL(
-            in_channels=3, out_channels=3,
-            down_block_types=["DownEncoderBlock2D"] * len(options.vae_channels),
-            up_block_types=["UpDecoderBlock2D"] * len(options.vae_channels),
-            block_out_channels=list(options.vae_channels), latent_channels=options.latent_channels,
-            layers_per_block=1, norm_num_groups=min(8, options.vae_channels[0]),
-            sample_size=options.latent_size * 2 ** (len(options.vae_channels) - 1),
-            scaling_factor=FLUX_VAE_SCALING, shift_factor=FLUX_VAE_SHIFT,
-            use_quant_conv=False, use_post_quant_conv=False)  # FLUX.1's VAE has neither
+        # FLUX.1's VAE has no quant convs either
+        vae = build_tiny_vae(options.vae_channels, options.latent_channels, options.latent_size,
+                             scaling_factor=FLUX_VAE_SCALING, shift_factor=FLUX_VAE_SHIFT)
         transformer = FluxTransformer2DModel(
             patch_size=1, in_channels=4 * options.latent_channels,  # a token is a packed 2x2 latent patch
             num_layers=options.num_layers, num_single_layers=options.num_single_layers,

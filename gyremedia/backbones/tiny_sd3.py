@@ -130,9 +130,24 @@ def build_silent_t5(words: list[str], width: int, max_length: int):
     return encoder, tokenizer
 
 
+def build_tiny_vae(vae_channels: list[int], latent_channels: int, latent_size: int, **config):
+    """A stock ``AutoencoderKL`` of ``len(vae_channels)`` levels (one halving per extra level) whose latents are
+    ``latent_size`` wide, without quant convs; ``config`` adds e.g. its ``scaling_factor`` and ``shift_factor``."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        in_channels=3, out_channels=3,
+        down_block_types=["DownEncoderBlock2D"] * len(vae_channels),
+        up_block_types=["UpDecoderBlock2D"] * len(vae_channels),
+        block_out_channels=list(vae_channels), latent_channels=latent_channels,
+        layers_per_block=1, norm_num_groups=min(8, vae_channels[0]),
+        sample_size=latent_size * 2 ** (len(vae_channels) - 1),
+        use_quant_conv=False, use_post_quant_conv=False, **config)
+
+
 def build_tiny_sd3_pipeline(options: TinySD3Options):
     """Build the tiny pipeline deterministically from ``options.seed``."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection
 
     devices = []  # fork_rng needs no CUDA devices: everything is built on the CPU
@@ -153,21 +168,8 @@ def build_tiny_sd3_pipeline(options: TinySD3Options):
         )
         text_encoder = CLIPTextModelWithProjection(text_config)
         text_encoder_2 = CLIPTextModelWithProjection(text_config)
-        vae = AutoencoderKL(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=["DownEncoderBlock2D"] * len(options.vae_channels),
-            up_block_types=["UpDecoderBlock2D"] * len(options.vae_channels),
-            block_out_channels=list(options.vae_channels),
-            latent_channels=options.latent_channels,
-            layers_per_block=1,
-            norm_num_groups=min(8, options.vae_channels[0]),
-            sample_size=options.latent_size * 2 ** (len(options.vae_channels) - 1),
-            shift_factor=0.0,
-            scaling_factor=1.0,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
-        )
+        vae = build_tiny_vae(options.vae_channels, options.latent_channels, options.latent_size,
+                             shift_factor=0.0, scaling_factor=1.0)
         transformer = SD3Transformer2DModel(
             sample_size=options.latent_size,
             patch_size=options.patch_size,

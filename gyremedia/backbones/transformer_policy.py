@@ -1,4 +1,4 @@
-"""The training plumbing every backbone built on one transformer shares (a diffusers transformer or a
+"""The training plumbing every backbone built on one network shares (a diffusers transformer or UNet, or a
 transformers language model): full or LoRA training through peft, the frozen reference policy,
 checkpointed weights and the adapters merged for export."""
 
@@ -31,8 +31,9 @@ class LoraOptions:
 
 
 class TransformerPolicy:
-    """Base of a backbone whose policy is one transformer (``self.transformer``): a diffusers model or a
-    transformers one, both of which take peft adapters the same way (``add_adapter``, ``disable_adapters``).
+    """Base of a backbone whose policy is one network (``self.transformer``; a UNet for Stable Diffusion): a
+    diffusers model or a transformers one, both of which take peft adapters the same way (``add_adapter``,
+    ``disable_adapters``).
 
     A subclass sets ``transformer``, then calls :meth:`_prepare_training`; it runs the model through
     :meth:`_forward`, which picks the training wrapper, the plain module or the reference. Extra

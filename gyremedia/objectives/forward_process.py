@@ -3,6 +3,8 @@
 They never replay the sampler: they take each rollout's final clean sample ``x0``, noise it again
 along the flow, ``x_t = (1 - t) x0 + t eps``, and train the velocity there, like pretraining does.
 So they work with any sampler (the ODE and higher-order solvers included) and need no log-probs.
+The velocity comes from the policy's ``flow_velocity``: a flow backbone's own prediction, or a diffusion
+backbone's prediction converted exactly to the flow path (the policy owns the forward process).
 """
 
 from __future__ import annotations
@@ -187,8 +189,8 @@ class ForwardProcessObjective:
         step, levels = self._levels
         batch = noised_batch(rollout, levels[micro_step], self.seed, step, micro_step, self._keys(rollout))
         with torch.no_grad(), self.old.swapped_in(ctx.backbone.trainable_module()):
-            v_old = ctx.backbone.predict(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
-        v = ctx.backbone.predict(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
+            v_old = ctx.backbone.flow_velocity(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
+        v = ctx.backbone.flow_velocity(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
         return batch, v, v_old
 
     def _keys(self, rollout: Rollout) -> list[int]:
@@ -211,8 +213,9 @@ class ForwardProcessObjective:
                metrics: dict[str, torch.Tensor]) -> LossOutput:
         """The micro-step's result: the policy loss, its metrics, and the outputs regularizers read."""
         metrics["policy_loss"] = policy_loss.detach()
+        # "flow_path": the output is the policy's flow_velocity at flow-path states (regularizers compare likewise)
         return LossOutput(loss=policy_loss, metrics=metrics, outputs={"model_output": v, "sigma": batch.t, "state": batch.xt,
-                                                               "conditions": rollout.conditions})
+                                                               "conditions": rollout.conditions, "flow_path": True})
 
     @hookimpl
     def gyremedia_on_step_end(self, state, metrics) -> None:

@@ -12,7 +12,9 @@ weight (see its module for the exact form and Flow-GRPO's scaling).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -32,7 +34,13 @@ class GRPOOptions:
     adv_clip_max: float = option(5.0, gt=0, help="advantages are clipped to [-adv_clip_max, adv_clip_max]")
     kl_beta: float = option(0.0, ge=0, help="weight of the KL to the reference policy (selects the gaussian_kl "
                                             "regularizer); 0 keeps no reference")
-    timestep_fraction: float = option(1.0, gt=0, le=1, help="share of each trajectory's transitions trained per step")
+    timestep_fraction: float = option(1.0, gt=0, le=1, help="share of each trajectory's stochastic transitions "
+                                                          "trained per step")
+    # Which ones: Flow-GRPO trains the first floor(N f), the noisiest; its log-prob divides by the step variance,
+    # which is small late in the trajectory, so late picks give larger, noisier gradients.
+    transition_selection: Literal["random", "first", "stratified", "window"] = option(
+        "random", help="random: round(N f) drawn each step; first: the first floor(N f) (Flow-GRPO); stratified: one "
+                       "from each of round(N f) equal strata; window: round(N f) consecutive ones at a random start")
 
 
 class GRPOObjective:
@@ -47,12 +55,22 @@ class GRPOObjective:
         self.seed = context.seed
 
     def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
-        """The transitions trained on this step: all trainable ones, or a random subset shared by the batch."""
+        """The transitions trained on this step, shared by the batch: all stochastic ones, or the
+        ``transition_selection`` subset of them (deterministic steps are never trained)."""
         trainable = self.trainable_steps(rollout)
-        count = max(1, round(len(trainable) * self.options.timestep_fraction))
+        how, fraction = self.options.transition_selection, self.options.timestep_fraction
+        count = max(1, math.floor(len(trainable) * fraction + 1e-9) if how == "first" else round(len(trainable) * fraction))
         if count >= len(trainable):
             return trainable
+        if how == "first":
+            return trainable[:count]
         rng = stream_rng(self.seed, step, Stream.TRANSITION_SELECTION)
+        if how == "window":
+            start = int(rng.integers(len(trainable) - count + 1))
+            return trainable[start:start + count]
+        if how == "stratified":
+            edges = [round(k * len(trainable) / count) for k in range(count + 1)]
+            return [trainable[int(rng.integers(lo, hi))] for lo, hi in zip(edges[:-1], edges[1:])]
         return sorted(rng.choice(trainable, size=count, replace=False).tolist())
 
     def trainable_steps(self, rollout: Rollout) -> list[int]:

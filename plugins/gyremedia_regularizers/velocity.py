@@ -42,12 +42,14 @@ from gyremedia_regularizers.adaptive import AdaptiveOptions, RewardAdaptiveStren
 
 def reference_prediction(state: Any, outputs: dict[str, Any], guidance_scale: float | None) -> torch.Tensor:
     """The reference policy's output at the micro-step's states (no gradient); guidance ``None`` is the
-    run's own (``rollout.guidance_scale``, what the policy's output was made with)."""
+    run's own (``rollout.guidance_scale``, what the policy's output was made with). A forward-process
+    objective's outputs (``flow_path``) hold flow velocities, compared with the reference's ``flow_velocity``;
+    a replaying objective's hold the backbone's own prediction."""
     if guidance_scale is None:
         guidance_scale = state.config.core.rollout.guidance_scale
+    predict = state.backbone.flow_velocity if outputs.get("flow_path") else state.backbone.predict
     with torch.no_grad():
-        return state.backbone.predict(outputs["state"], outputs["sigma"], outputs["conditions"], guidance_scale,
-                                      reference=True).float()
+        return predict(outputs["state"], outputs["sigma"], outputs["conditions"], guidance_scale, reference=True).float()
 
 
 def transition_kl(policy: Transition, reference: Transition) -> torch.Tensor:

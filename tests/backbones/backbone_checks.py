@@ -11,12 +11,15 @@ from gyremedia.sampling import sample_trajectories
 from gyremedia_samplers.ode import EulerODESampler
 
 
-def ode_samples(backbone, prompts: list[str], seeds: list[int], num_steps: int, guidance_scale: float) -> Media:
-    """What our Euler ODE sampler generates for ``prompts`` from the noise of ``seeds`` (the stock pipelines'
-    default sampler, so the two compare)."""
+def ode_samples(backbone, prompts: list[str], seeds: list[int], num_steps: int, guidance_scale: float,
+                sampler=None) -> Media:
+    """What our Euler ODE sampler (or the deterministic ``sampler`` given) generates for ``prompts`` from the
+    noise of ``seeds`` (the stock pipelines' default sampler, so the two compare)."""
     generators = [torch.Generator().manual_seed(s) for s in seeds]
-    states, _, _ = sample_trajectories(backbone, EulerODESampler(), backbone.encode(prompts), initial_generators=generators,
-                                       step_generators=[], num_steps=num_steps, guidance_scale=guidance_scale)
+    states, _, _ = sample_trajectories(backbone, sampler or EulerODESampler(), backbone.encode(prompts),
+                                       initial_generators=generators,
+                                       step_generators=[torch.Generator().manual_seed(s) for s in seeds],  # unused: std 0
+                                       num_steps=num_steps, guidance_scale=guidance_scale)
     return backbone.decode(states[:, -1])
 
 

@@ -1,6 +1,6 @@
-"""Every diffusers flow-matching architecture through the whole core, on its tiny random-weight replica:
-2 steps of GRPO (flow_sde) and of NFT (ode, interrupted after one step and resumed), then the export round
-trip: the stock pipeline class, in a process that never imports gyremedia, loads the exported folder with no
+"""Every diffusers architecture through the whole core, on its tiny random-weight replica: 2 steps of GRPO
+(flow_sde; ddim_eta for the epsilon-predicting diffusion UNet) and of NFT (ode; deterministic DDIM for the
+UNet; interrupted after one step and resumed), then the export round trip: the stock pipeline class, in a process that never imports gyremedia, loads the exported folder with no
 other argument and generates what our own sampler generates from the trained weights."""
 
 from __future__ import annotations
@@ -17,15 +17,20 @@ from gyremedia.cli import main
 from gyremedia.plugins import PluginManager
 from gyremedia.runs import build_backbone, load_trained_weights, run_config
 from backbone_checks import ode_samples
+from gyremedia_samplers.ddim import DDIMEtaOptions, DDIMEtaSampler
 
 # backbone name -> the stock pipeline's output field
-ARCHITECTURES = {"flow_matching": "images", "flux": "images", "flux2": "images", "wan": "frames", "qwen_image": "images"}
+ARCHITECTURES = {"flow_matching": "images", "flux": "images", "flux2": "images", "wan": "frames", "qwen_image": "images",
+                 "diffusion": "images"}
+# backbone -> (stochastic sampler for GRPO, deterministic one for NFT and the comparison); default flow_sde, ode
+SAMPLERS = {"diffusion": ("{name: ddim_eta, eta: 1.0}", "{name: ddim_eta, eta: 0.0}")}
+FLOW_SAMPLERS = ("{name: flow_sde}", "{name: ode}")
 STEPS, PROMPTS, SEEDS = 3, ["a red circle", "two green triangles"], [5, 6]
 
 RUN_YAML = """
 run: {{output_dir: {run}, seed: 0}}
 backbone: {{name: {backbone}}}
-sampler: {{name: flow_sde}}
+sampler: {sampler}
 objective: {{name: grpo, clip_range: 0.01}}
 rewards: [{{name: jpeg_compressibility}}]
 data: {{prompts: [a red circle, a blue square, two green triangles]}}
@@ -51,8 +56,10 @@ assert not ours, f"the exported pipeline must load without gyremedia, but {ours}
 
 
 def ours(backbone) -> np.ndarray:
-    """What our Euler ODE sampler generates for PROMPTS with the noise of SEEDS."""
-    return ode_samples(backbone, PROMPTS, SEEDS, STEPS, 1.0).data.numpy()
+    """What our Euler ODE sampler (deterministic DDIM for an epsilon backbone) generates for PROMPTS with the
+    noise of SEEDS."""
+    deterministic = DDIMEtaSampler(DDIMEtaOptions(eta=0.0)) if backbone.prediction == "epsilon" else None
+    return ode_samples(backbone, PROMPTS, SEEDS, STEPS, 1.0, sampler=deterministic).data.numpy()
 
 
 def stock(backbone, folder, field: str, out) -> np.ndarray:
@@ -72,14 +79,15 @@ def train(config, *overrides: str) -> None:
 @pytest.mark.parametrize("backbone", list(ARCHITECTURES))
 def test_grpo_nft_resume_and_stock_export(tmp_path, backbone):
     grpo, nft = tmp_path / "grpo.yaml", tmp_path / "nft.yaml"
-    grpo.write_text(RUN_YAML.format(run=tmp_path / "grpo", backbone=backbone, steps=STEPS))
-    nft.write_text(RUN_YAML.format(run=tmp_path / "nft", backbone=backbone, steps=STEPS))
+    stochastic, deterministic = SAMPLERS.get(backbone, FLOW_SAMPLERS)
+    grpo.write_text(RUN_YAML.format(run=tmp_path / "grpo", backbone=backbone, steps=STEPS, sampler=stochastic))
+    nft.write_text(RUN_YAML.format(run=tmp_path / "nft", backbone=backbone, steps=STEPS, sampler=deterministic))
     train(grpo, "export.on_train_end=false")
     grpo_metrics = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in grpo_metrics if "loss" in m] == [1, 2]
     assert all(m["ratio"] == 1.0 for m in grpo_metrics if "loss" in m)  # first update after each rollout
 
-    train(nft, "sampler.name=ode", "objective={name: nft}", "train.steps=1", "export.on_train_end=false")
+    train(nft, "objective={name: nft}", "train.steps=1", "export.on_train_end=false")
     assert main(["train", "--resume", str(tmp_path / "nft"), "train.steps=2", "export.on_train_end=true"]) == 0
     steps = [json.loads(line)["step"] for line in (tmp_path / "nft" / "metrics.jsonl").read_text().splitlines()]
     assert steps.count(1) == 1 and steps[-1] == 2

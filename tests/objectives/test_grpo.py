@@ -99,3 +99,51 @@ def test_timestep_fraction_picks_a_reproducible_subset():
     picked = half.micro_steps(rollout, 7)
     assert len(picked) == 2 and picked == half.micro_steps(rollout, 7)
     assert "timestep_fraction=0.0: must be in (0, 1]" in validate(GRPOOptions(timestep_fraction=0.0))[0]
+
+
+def rollout_with_log_probs(log_probs: torch.Tensor) -> Rollout:
+    """A rollout of ``log_probs.shape[1]`` transitions with only the log-probs filled in (what selection reads)."""
+    n, steps = log_probs.shape
+    return Rollout(prompts=["p"] * n, sample_ids=torch.arange(n), group_ids=torch.zeros(n, dtype=torch.long),
+                   conditions={}, states=torch.zeros(n, steps + 1, 1), log_probs=log_probs,
+                   sigmas=torch.linspace(1, 0, steps + 1), advantages=torch.zeros(n))
+
+
+@pytest.mark.parametrize("selection", ["random", "first", "stratified", "window"])
+def test_transition_selection_never_trains_a_deterministic_step(selection):
+    """10 transitions, the last deterministic (NaN log-prob, as cps's and ddim_eta's last step): none of the
+    rules ever picks it, each picks the count it promises, and the same step picks the same ones."""
+    log_probs = torch.zeros(2, 10)
+    log_probs[:, 9] = float("nan")
+    rollout = rollout_with_log_probs(log_probs)
+    chooser = objective(timestep_fraction=0.3, transition_selection=selection)
+    picks = [chooser.micro_steps(rollout, step) for step in range(40)]
+    assert all(9 not in p and p == sorted(set(p)) for p in picks)
+    assert all(len(p) == (2 if selection == "first" else 3) for p in picks)  # floor(9 * 0.3) vs round(9 * 0.3)
+    assert picks[5] == chooser.micro_steps(rollout, 5)
+    if selection == "first":  # Flow-GRPO: the noisiest floor(N f), every step
+        assert all(p == [0, 1] for p in picks)
+    if selection == "stratified":  # one from each third of the 9 stochastic steps
+        assert all(p[0] < 3 <= p[1] < 6 <= p[2] < 9 for p in picks)
+    if selection == "window":
+        assert all(p == list(range(p[0], p[0] + 3)) for p in picks) and len({p[0] for p in picks}) > 1
+    if selection == "random":
+        assert len({tuple(p) for p in picks}) > 1
+
+
+def test_cps_rollouts_leave_the_deterministic_last_step_out_of_training(make_config):
+    from gyremedia.plugins import PluginManager
+    from gyremedia.sampling import sample_trajectories
+    from gyremedia.streams import sample_generators
+
+    config = make_config("sampler={name: cps}")
+    context = BuildContext(device=torch.device("cpu"))
+    pm = PluginManager()
+    backbone = pm.component("backbone", "flow_matching").build(config.backbone.options, context)
+    sampler = pm.component("sampler", "cps").build(config.sampler.options, context)
+    conditions = backbone.encode(["a red circle", "a blue square"])
+    states, log_probs, sigmas = sample_trajectories(
+        backbone, sampler, conditions, initial_generators=sample_generators(0, 0, 0, [0, 1]),
+        step_generators=sample_generators(0, 0, 1, [0, 1]), num_steps=4, guidance_scale=1.0)
+    rollout = rollout_with_log_probs(log_probs)
+    assert torch.isnan(log_probs[:, -1]).all() and objective().micro_steps(rollout, 0) == [0, 1, 2]

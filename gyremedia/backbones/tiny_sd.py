@@ -1,0 +1,100 @@
+"""A tiny, randomly initialised SD-1.x-style ``StableDiffusionPipeline`` built offline from configs.
+
+Stock diffusers/transformers parts only: a ``UNet2DConditionModel`` (epsilon- or v-prediction, set in its
+DDIM scheduler's config), one CLIP text encoder (``CLIPTextModel``: SD 1.x conditions on its last hidden
+state) with the word-level tokenizer of :func:`gyremedia.backbones.tiny_sd3.build_clip_tokenizer`, an
+AutoencoderKL and a ``DDIMScheduler`` with Stable Diffusion 1.x's noise schedule. No safety checker
+(``requires_safety_checker=False`` in the saved config), so ``StableDiffusionPipeline.from_pretrained(folder)``
+loads an export with no other argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from gyremedia.backbones.tiny_sd3 import DEFAULT_WORDS, build_clip_tokenizer, build_tiny_vae
+from gyremedia.options import OptionError, option
+
+
+@dataclass
+class TinySDOptions:
+    """Sizes of the tiny pipeline; the defaults give about a quarter of a million parameters."""
+
+    latent_size: int = option(8, ge=1, help="latent height and width")
+    latent_channels: int = option(4, ge=1, help="latent channels")
+    vae_channels: list[int] = option(default_factory=lambda: [16, 32], ge=1, help="one downsampling per extra entry")
+    unet_channels: list[int] = option(default_factory=lambda: [16, 32], ge=1,
+                                      help="UNet block widths: one downsampling per extra entry; every block but the "
+                                           "first has cross-attention")
+    layers_per_block: int = option(1, ge=1, help="resnet layers per UNet block")
+    attention_heads: int = option(2, ge=1, help="heads of the UNet's attention layers")
+    text_hidden_size: int = option(32, ge=1, help="width of the CLIP text encoder (the UNet's cross-attention width)")
+    text_layers: int = option(2, ge=1, help="layers of the CLIP text encoder")
+    text_max_length: int = option(16, ge=1, help="tokens per prompt")
+    words: list[str] = option(default_factory=lambda: list(DEFAULT_WORDS), help="whole-word tokens")
+    prediction_type: Literal["epsilon", "v_prediction"] = option("epsilon", help="what the UNet predicts "
+                                                                                 "(the scheduler's prediction_type)")
+    seed: int = option(0, ge=0, help="seed of the random weights")
+
+    def validate(self) -> None:
+        if len(self.unet_channels) < 2:
+            raise OptionError("unet_channels", "give at least two widths: the blocks after the first cross-attend")
+        if self.latent_size % 2 ** (len(self.unet_channels) - 1):
+            raise OptionError("latent_size", f"must be a multiple of {2 ** (len(self.unet_channels) - 1)} "
+                                             "(one halving per extra unet_channels entry)")
+
+
+def sd_scheduler(prediction_type: str = "epsilon"):
+    """Stable Diffusion 1.x's DDIM scheduler: scaled-linear betas 0.00085 .. 0.012 over 1000 steps, the
+    "leading" spacing with offset 1, no clipping, and the last step to ``alpha_bar[0]`` (not to 1)."""
+    from diffusers import DDIMScheduler
+
+    return DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
+                         set_alpha_to_one=False, steps_offset=1, prediction_type=prediction_type)
+
+
+def build_tiny_sd_unet(options: TinySDOptions):
+    """The UNet alone (random weights from the current RNG state)."""
+    from diffusers import UNet2DConditionModel
+
+    levels = len(options.unet_channels)
+    return UNet2DConditionModel(
+        sample_size=options.latent_size,
+        in_channels=options.latent_channels,
+        out_channels=options.latent_channels,
+        block_out_channels=list(options.unet_channels),
+        down_block_types=["DownBlock2D"] + ["CrossAttnDownBlock2D"] * (levels - 1),
+        up_block_types=["CrossAttnUpBlock2D"] * (levels - 1) + ["UpBlock2D"],
+        layers_per_block=options.layers_per_block,
+        cross_attention_dim=options.text_hidden_size,
+        attention_head_dim=options.attention_heads,
+        norm_num_groups=min(8, options.unet_channels[0]),
+    )
+
+
+def build_tiny_sd_pipeline(options: TinySDOptions, vae=None):
+    """Build the tiny pipeline deterministically from ``options.seed`` (``vae``: an AutoencoderKL to use
+    instead of a random one, e.g. a trained one)."""
+    from diffusers import StableDiffusionPipeline
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    with torch.random.fork_rng(devices=[]):  # everything is built on the CPU
+        torch.manual_seed(options.seed)
+        tokenizer = build_clip_tokenizer(options.words, options.text_max_length)
+        text_encoder = CLIPTextModel(CLIPTextConfig(
+            vocab_size=len(tokenizer), hidden_size=options.text_hidden_size,
+            intermediate_size=options.text_hidden_size * 2, num_attention_heads=2,
+            num_hidden_layers=options.text_layers, max_position_embeddings=options.text_max_length,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id))
+        unet = build_tiny_sd_unet(options)
+        if vae is None:
+            vae = build_tiny_vae(options.vae_channels, options.latent_channels, options.latent_size, scaling_factor=1.0)
+    for part in (text_encoder, unet, vae):  # built from configs a part is in training mode; loaded ones are not
+        part.eval()
+    return StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
+                                   scheduler=sd_scheduler(options.prediction_type), safety_checker=None,
+                                   feature_extractor=None, image_encoder=None, requires_safety_checker=False)
