@@ -53,15 +53,18 @@ def test_quickstart_raises_heldout_accuracy(tmp_path):
     # Answers to one prompt stay varied: no mode collapse.
     assert report["trained"]["diversity"] >= 0.5 * report["base"]["diversity"]
     # The run's last lines say what was learned and where everything is, the figures those of `gyremedia eval`.
-    last = train.stdout.strip().splitlines()[-6:]
+    last = train.stdout.strip().splitlines()[-7:]
     assert last[0].startswith(f"trained {STEPS} steps in ") and last[0].endswith(f"run folder: {run}")
     base, trained = 100 * report["base"]["accuracy"], 100 * report["trained"]["accuracy"]
     assert last[1] == (f"held-out shapes_verifier/correct: {base:.1f}% at step 0 -> {trained:.1f}% at step {STEPS}: "
                        f"{gain['points']:+.1f} points (paired 95% interval {gain['ci95_low']:+.1f} to "
                        f"{gain['ci95_high']:+.1f}, 256 samples)")
-    assert last[2] == f"samples: {run / 'samples/before.png'}, {run / 'samples/after.png'}"
-    assert last[3] == f"plot:    {run / 'reward_curve.png'}" and last[4].startswith(f"export:  {run / 'pipeline'}")
-    assert last[5].startswith(f"next:    gyremedia eval {run}")
+    # the reward's own score (partial credit) too, and the file that holds every score's paired change
+    assert last[2].startswith("other held-out scores, trained - base (paired 95% interval): shapes_verifier +")
+    assert last[2].endswith(f"all in {run / 'heldout_changes.json'}")
+    assert last[3] == f"samples: {run / 'samples/before.png'}, {run / 'samples/after.png'}"
+    assert last[4] == f"plot:    {run / 'reward_curve.png'}" and last[5].startswith(f"export:  {run / 'pipeline'}")
+    assert last[6].startswith(f"next:    gyremedia eval {run}")
     # The export is a complete SD3 pipeline: stock diffusers loads it with no other argument, without gyremedia.
     load = ("import sys; from diffusers import StableDiffusion3Pipeline; "
             f"pipe = StableDiffusion3Pipeline.from_pretrained({str(run / 'pipeline')!r}); "

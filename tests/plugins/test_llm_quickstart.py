@@ -37,4 +37,4 @@ def test_llm_quickstart_raises_heldout_exact_match(tmp_path):
     assert 0.2 <= report["base"]["accuracy"] <= 0.5, "the base model must be decent but imperfect"
     gain = report["gain"]
     assert gain["ci95_low"] > 0 and gain["points"] >= MIN_POINTS, gain
-    assert train.stdout.strip().splitlines()[-5].startswith("held-out addition_verifier/correct: 39.8% at step 0")
+    assert train.stdout.strip().splitlines()[-6].startswith("held-out addition_verifier/correct: 39.8% at step 0")
