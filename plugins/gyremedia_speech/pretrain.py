@@ -29,10 +29,11 @@ from gyremedia.interfaces import BuildContext
 from gyremedia.rollout import Media
 from gyremedia.sampling import renoise
 from gyremedia_samplers.ode import EulerODESampler
-from gyremedia_speech.backbone import SpeechEnhancementBackbone, SpeechEnhancementOptions, TinyEnhancerOptions
+from gyremedia_speech.backbone import (SpeechEnhancementBackbone, SpeechEnhancementOptions, TinyEnhancerOptions,
+                                      noisy_and_clean)
 from gyremedia_speech.rewards import DNSMOSOptions, DNSMOSReward, ESTOIReward, PESQReward, SISDRReward
-from gyremedia_speech.world import (HELDOUT_SENTENCES, NOISE_KINDS, PITCHES, RATES, SENTENCES, SNR_RANGE, TRAIN_VOICES,
-                                    Utterance, split_prompts)
+from gyremedia_speech.world import (HELDOUT_SENTENCES, NOISE_KINDS, PITCHES, RATES, SAMPLE_RATE, SENTENCES, SNR_RANGE,
+                                    TRAIN_VOICES, Utterance, parse_prompt, split_prompts)
 
 PRETRAINING_NOISE_SEEDS = 10_000_000  # first noise seed of the pretraining pairs: apart from every RL prompt's
 
@@ -51,10 +52,8 @@ def evaluate(backbone: SpeechEnhancementBackbone, rewards: dict, prompts: list[s
 
 def noisy_baseline(rewards: dict, prompts: list[str]) -> dict[str, float]:
     """The metrics of the unprocessed noisy input: what enhancement starts from."""
-    from gyremedia_speech.world import parse_prompt
-
-    noisy = torch.from_numpy(np.stack([parse_prompt(p).pair()[0] for p in prompts]))[:, None]
-    return {k: nanmean(v) for k, v in score(rewards, Media("audio", noisy, {"sample_rate": 16000}), prompts).items()}
+    noisy = torch.from_numpy(np.stack([noisy_and_clean(parse_prompt(p))[0] for p in prompts]))[:, None]
+    return {k: nanmean(v) for k, v in score(rewards, Media("audio", noisy, {"sample_rate": SAMPLE_RATE}), prompts).items()}
 
 
 def random_utterances(count: int, rng: np.random.Generator, first_seed: int) -> list[Utterance]:

@@ -14,17 +14,19 @@ from pathlib import Path
 
 import torch
 
+from gyremedia_speech.world import CLIP_SAMPLES, SAMPLE_RATE
+
 FILE = "stft.json"
 
 
 @dataclass(frozen=True)
 class STFTSettings:
-    sample_rate: int = 16000
+    sample_rate: int = SAMPLE_RATE
     n_fft: int = 254
     hop_length: int = 160
     exponent: float = 0.5  # amplitude compression |X|^exponent
     scale: float = 2.0  # clean clips then have a spread of about 0.5
-    clip_samples: int = 20320
+    clip_samples: int = CLIP_SAMPLES
 
     @property
     def shape(self) -> tuple[int, int, int]:
