@@ -110,7 +110,7 @@ def parity(root: str) -> dict[str, float]:
             state = ours.state
             rollout = ours.collect_rollout(0)
             ours.score(rollout, 0)
-            ours.compute_advantages(rollout)
+            ours.compute_advantages(rollout, 0)
             ctx_kwargs = dict(backbone=state.backbone, sampler=None, guidance_scale=1.0, step=0, accelerator=ours.accelerator,
                               minibatches=1, passes=PARITY_STEPS)
             from gyremedia.interfaces import ObjectiveContext

@@ -63,10 +63,13 @@ class RolloutSection:
     # Score rollout k in worker threads while rollout k+1 is sampled. Each rollout is then trained
     # one optimizer step after the policy that sampled it (the ratio objectives' clip covers that).
     async_scoring: bool = option(False, help="score a rollout while the next one is sampled")
-    # Tree rollouts (TreeGRPO): a group's samples share one trajectory and split into `branch_width`
-    # children at each of these step indices; group_size must be branch_width ** len(branch_steps).
+    # Tree rollouts (TreeGRPO): a group's samples share `branch_roots` trajectories and split into
+    # `branch_width` children at each of these step indices; group_size must be
+    # branch_roots * branch_width ** len(branch_steps).
     branch_steps: list[int] = option(default_factory=list, ge=0, help="tree rollouts: step indices where nodes split")
     branch_width: int = option(2, ge=2, help="tree rollouts: children per split")
+    branch_roots: int = option(1, ge=1, help="tree rollouts: trees per group, each from its own initial noise "
+                                             "(more diverse leaves)")
 
 
 @dataclass
@@ -101,6 +104,12 @@ class AdvantageSection:
     # "normalize_each" normalises each reward within its groups, then sums the weighted advantages
     # (a reward with a large scale cannot drown the others).
     combine: Literal["sum", "normalize_each"] = option("sum", help="how several rewards become one advantage")
+    # DDPO's per-prompt stat tracker: a prompt's statistics come from its last `history` rewards over
+    # all steps (this step's group included), the whole batch's until it has `min_count` of them.
+    history: int = option(0, ge=0, help="rewards kept per prompt across steps for its mean and std (DDPO's "
+                                        "buffer_size 16); 0 = this step's group only")
+    min_count: int = option(16, ge=1, help="with history: fewer rewards of a prompt use the batch's statistics "
+                                           "(DDPO's min_count)")
 
 
 @dataclass
@@ -575,14 +584,24 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
             f"rollout.batch_size={r.batch_size} is not divisible by rollout.group_size={r.group_size}: "
             f"use rollout.batch_size={lower or r.group_size} or {lower + r.group_size}"
         )
+    adv = core.advantage
+    if adv.history and adv.combine != "sum":
+        errors.append(f"advantage.history={adv.history} keeps each prompt's total reward: use advantage.combine=sum "
+                      f"(or advantage.history=0 with combine={adv.combine})")
+    if adv.history and adv.std == "global":
+        errors.append(f"advantage.history={adv.history} normalises by each prompt's own history: use advantage.std=group "
+                      f"or none (or advantage.history=0 with std=global)")
+    if adv.history and adv.min_count > adv.history:
+        errors.append(f"advantage.min_count={adv.min_count} can never be reached by a history of {adv.history}: "
+                      f"set advantage.min_count to at most {adv.history}")
     sampler = selected.get("sampler")
     if r.branch_steps:
-        leaves = r.branch_width ** len(r.branch_steps)
+        leaves = r.branch_roots * r.branch_width ** len(r.branch_steps)
         if sorted(set(r.branch_steps)) != list(r.branch_steps) or not all(b < r.num_steps for b in r.branch_steps):
             errors.append(f"rollout.branch_steps={list(r.branch_steps)}: use increasing step indices in [0, {r.num_steps})")
         elif r.group_size != leaves:
-            errors.append(f"rollout.group_size={r.group_size}: a tree with {len(r.branch_steps)} branch steps of width "
-                          f"{r.branch_width} has {leaves} leaves: set rollout.group_size={leaves}")
+            errors.append(f"rollout.group_size={r.group_size}: {r.branch_roots} tree(s) with {len(r.branch_steps)} branch "
+                          f"steps of width {r.branch_width} have {leaves} leaves: set rollout.group_size={leaves}")
         if sampler is not None and not sampler.meta.get("has_log_prob"):
             errors.append(f"rollout.branch_steps needs a stochastic sampler to branch; {sampler.name!r} is deterministic: "
                           f"choose one of {', '.join(_names(pm, 'sampler', has_log_prob=True))}")

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from gyremedia import checkpoint as ckpt
 from gyremedia import evaluation, sharding
-from gyremedia.advantages import distributed_group_advantages
+from gyremedia.advantages import PromptStatTracker, distributed_group_advantages
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
 from gyremedia.distributed import global_nanmeans, mean_over_ranks
@@ -192,6 +192,8 @@ class Trainer:
             state.weighting = state.plugins.build(self.config.weighting, context)
         state.rewards = {s.name: state.plugins.build(s, context) for s in self.config.rewards}
         self.scorer = Scorer(self.config.rewards, state.rewards)
+        adv = self.core.advantage
+        self.stat_tracker = PromptStatTracker(adv.history, adv.min_count, adv.std, adv.eps) if adv.history else None
         self.monitor = HackingMonitor(self.core.monitor, {s.name: state.plugins.build(s, context) for s in self.config.gold_rewards},
                                       proxy=f"eval/{self.config.rewards[0].name}")
         state.regularizers = {s.name: state.plugins.build(s, context) for s in self.config.regularizers}
@@ -332,11 +334,16 @@ class Trainer:
             weights = rollout.extras["preference"].float().cpu() * weights
         return matrix, weights
 
-    def compute_advantages(self, rollout: Rollout) -> dict[str, float]:
-        adv = self.core.advantage
+    def compute_advantages(self, rollout: Rollout, step: int) -> dict[str, float]:
+        adv, r = self.core.advantage, self.core.rollout
         matrix, weights = self.weighted_rewards(rollout)
+        normalize = None
+        if self.stat_tracker is not None:  # DDPO's per-prompt history: keyed by the prompt, not the step's group
+            prompts = self.prompts.groups_for_step(self.core.run.seed, step, r.batch_size // r.group_size)
+            normalize = lambda totals, groups: self.stat_tracker(totals, [prompts[g] for g in groups.tolist()])  # noqa: E731
         rollout.advantages, totals, groups = distributed_group_advantages(
-            self.accelerator, matrix, weights, rollout.group_ids, rollout.sample_ids, adv.combine, adv.std, adv.eps)
+            self.accelerator, matrix, weights, rollout.group_ids, rollout.sample_ids, adv.combine, adv.std, adv.eps,
+            normalize=normalize)
         kept = torch.isfinite(totals)
         group_std = [totals[(groups == g) & kept].std(unbiased=False) for g in groups[kept].unique()]
         return {"reward": totals[kept].mean().item(), "reward_std": totals[kept].std(unbiased=False).item(),
@@ -431,7 +438,7 @@ class Trainer:
             times["time/rollout"] = upcoming[2]
         start = time.perf_counter()
         metrics = self.score(rollout, step, futures)
-        metrics.update(self.compute_advantages(rollout))
+        metrics.update(self.compute_advantages(rollout, step))
         if "forward_fraction" in rollout.extras:  # tree rollouts: model evaluations vs a flat rollout's
             metrics["rollout/forward_fraction"] = rollout.extras["forward_fraction"]
         times["time/reward"] = time.perf_counter() - start
@@ -512,7 +519,7 @@ class Trainer:
         """Selected components with tensors to checkpoint (``state_dict``/``load_state_dict``)."""
         state = self.state
         candidates = {"objective": state.objective, "sampler": state.sampler, "weighting": state.weighting,
-                      "monitor": self.monitor,
+                      "monitor": self.monitor, "advantage": self.stat_tracker,
                       **{f"reward/{k}": v for k, v in state.rewards.items()},
                       **{f"regularizer/{k}": v for k, v in state.regularizers.items()}}
         return {name: c for name, c in candidates.items()

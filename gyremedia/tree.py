@@ -1,8 +1,8 @@
 """Tree rollouts (TreeGRPO / BranchGRPO): a group's samples share their trajectory until they branch.
 
-A group of ``width ** len(branch_steps)`` samples starts as one node (one initial noise). At each
-branch step every node splits into ``width`` children that draw their own noise; between branch
-steps a node moves on alone, its stochastic transition shared by every sample below it. The
+A group of ``roots * width ** len(branch_steps)`` samples starts as ``roots`` nodes (one initial noise
+each). At each branch step every node splits into ``width`` children that draw their own noise; between
+branch steps a node moves on alone, its stochastic transition shared by every sample below it. The
 model runs once per node, not once per sample, so shared prefixes cost one forward pass. The leaves
 are the group's samples; ``ancestors[b, i]`` is the node sample ``b`` passed through at step ``i``,
 so an objective can give each transition the advantage of the subtree below it.
@@ -33,22 +33,27 @@ class TreeTrajectories:
 @torch.no_grad()
 def sample_trees(backbone: Backbone, sampler: Sampler, conditions: dict[str, torch.Tensor], *, group_ids: list[int],
                  seed: int, step: int, branch_steps: list[int], width: int, num_steps: int,
-                 guidance_scale: float) -> TreeTrajectories:
-    """Grow one tree per entry of ``group_ids`` (``conditions`` holds one row per tree).
+                 guidance_scale: float, roots: int = 1) -> TreeTrajectories:
+    """Grow ``roots`` trees per entry of ``group_ids`` (``conditions`` holds one row per group).
 
-    Node noise is drawn from a generator keyed by ``(seed, step, group, depth, path)``, so a tree
-    is the same whatever else is in the batch and on any number of processes.
+    Node noise is drawn from a generator keyed by ``(seed, step, group, depth, path)`` (the path starts
+    with the root's index when there are several), so a tree is the same whatever else is in the batch
+    and on any number of processes.
     """
-    x = backbone.sample_noise(sample_generators(seed, step, Stream.INITIAL_NOISE, group_ids))
+    if roots == 1:
+        x = backbone.sample_noise(sample_generators(seed, step, Stream.INITIAL_NOISE, group_ids))
+        paths = [(g, ()) for g in group_ids]  # (group, child indices chosen so far) per node
+    else:
+        paths = [(g, (r,)) for g in group_ids for r in range(roots)]
+        x = backbone.sample_noise([sample_generators(seed, step, (Stream.INITIAL_NOISE, r), [g])[0] for g, (r,) in paths])
     sigmas = backbone.sigmas(num_steps).to(x.device)
-    paths = [(g, ()) for g in group_ids]  # (group, child indices chosen so far) per node
-    owner = torch.arange(len(group_ids))  # which tree (row of `conditions`) each node belongs to
+    owner = torch.arange(len(group_ids)).repeat_interleave(roots)  # which group (row of `conditions`) owns each node
 
     def generators() -> list[torch.Generator]:
         return [sample_generators(seed, step, (Stream.TREE_NODES, len(path), *path), [group])[0] for group, path in paths]
 
     node_generators = generators()
-    node_conditions = conditions
+    node_conditions = conditions if roots == 1 else {k: v[owner] for k, v in conditions.items()}
     levels, parents, log_probs, forward_rows = [x], [], [], 0
     for i in range(num_steps):
         output = backbone.predict(x, sigmas[i], node_conditions, guidance_scale)
@@ -81,7 +86,7 @@ def subtree_values(leaf_values: torch.Tensor, nodes: torch.Tensor, weights: torc
     """Per leaf, the (weighted) mean of ``leaf_values`` over every leaf under the same node.
 
     ``nodes[b]`` is the node leaf ``b`` passed through at the level of interest; ``weights`` (>= 0)
-    default to uniform.
+    default to uniform. A leaf of weight 0 does not count; a node with no weight at all gets 0.
     """
     weights = torch.ones_like(leaf_values) if weights is None else weights
     _, inverse = torch.unique(nodes, return_inverse=True)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from gyremedia.advantages import combined_advantages, distributed_group_advantages, group_advantages
+from gyremedia.advantages import PromptStatTracker, combined_advantages, distributed_group_advantages, group_advantages
 
 
 def test_group_advantages_by_hand():
@@ -72,3 +72,23 @@ def test_normalize_each_lets_a_small_scale_reward_count():
     assert combined_advantages(rewards, weights, groups, "normalize_each")[0] == 0
     with pytest.raises(ValueError, match="sum or normalize_each"):
         combined_advantages(rewards, weights, groups, "max")
+
+
+def test_prompt_stat_tracker_uses_the_batch_until_a_prompt_has_enough_history():
+    tracker = PromptStatTracker(history=4, min_count=3, eps=0.0)
+    # step 1: two rewards of each prompt, fewer than min_count -> the batch's mean 2.5 and std sqrt(1.25)
+    first = tracker(torch.tensor([1.0, 2.0, 3.0, 4.0]), ["a", "a", "b", "b"])
+    torch.testing.assert_close(first, (torch.tensor([1.0, 2.0, 3.0, 4.0]) - 2.5) / 1.25 ** 0.5)
+    # step 2: "a" now has [1, 2, 5, 7] (4 >= 3 rewards) -> its own mean and std
+    second = tracker(torch.tensor([5.0, 7.0, float("nan"), 0.0]), ["a", "a", "c", "c"])
+    history = torch.tensor([1.0, 2.0, 5.0, 7.0])
+    expected_a = (torch.tensor([5.0, 7.0]) - history.mean()) / history.std(unbiased=False)
+    torch.testing.assert_close(second[:2], expected_a)
+    assert second[2] == 0.0 and tracker.buffers["c"] == [0.0]  # a dropped sample joins no buffer
+    batch = torch.tensor([5.0, 7.0, 0.0])  # "c" has one reward: the batch's statistics, without the NaN
+    assert second[3].item() == pytest.approx(((0.0 - batch.mean()) / batch.std(unbiased=False)).item())
+    tracker(torch.tensor([9.0]), ["a"])
+    assert tracker.buffers["a"] == [2.0, 5.0, 7.0, 9.0]  # the last `history` rewards
+    restored = PromptStatTracker(history=4, min_count=3)
+    restored.load_state_dict(tracker.state_dict())
+    assert restored.buffers == tracker.buffers

@@ -9,6 +9,7 @@ import pytest
 
 from gyremedia import checkpoint
 from gyremedia.checkpoint import CheckpointError, list_checkpoints
+from gyremedia.config import ConfigError
 from gyremedia.plugins import PluginManager
 from gyremedia.runs import run_config
 from gyremedia.trainer import Trainer
@@ -56,3 +57,23 @@ def test_a_full_disk_stops_the_run_naming_the_folder_and_leaves_nothing_half_wri
                                "checkpoints are intact")
     assert [p.name for p in root.iterdir()] == ["step-000002"]  # no temporary folder left for --resume to trip on
     assert checkpoint.latest_checkpoint(tmp_path / "run") == root / "step-000002"
+
+
+def test_the_per_prompt_reward_history_resumes_with_the_run(make_config, tmp_path):
+    trainer = Trainer(make_config("advantage.history=8", "advantage.min_count=4", "train.steps=2"), PluginManager())
+    state = trainer.train()
+    assert state.step == 2 and sum(len(b) for b in trainer.stat_tracker.buffers.values()) == 16  # 2 steps x 8 samples
+    pm = PluginManager()
+    resumed = Trainer(run_config(tmp_path / "run", ["train.steps=3"], pm), pm, resume=True)
+    resumed.setup()
+    assert resumed.stat_tracker.buffers == trainer.stat_tracker.buffers
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["advantage.history=8", "advantage.combine=normalize_each"], "use advantage.combine=sum"),
+    (["advantage.history=8", "advantage.std=global"], "use advantage.std=group or none"),
+    (["advantage.history=8", "advantage.min_count=16"], "set advantage.min_count to at most 8"),
+])
+def test_bad_reward_history_settings_fail_at_config_time(make_config, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        make_config(*overrides)

@@ -102,6 +102,38 @@ def test_dedup_and_pruning_choose_the_trained_rows(components):
         TreeGRPOObjective(TreeGRPOOptions(skip_steps=[0, 1, 2]), BuildContext(device=torch.device("cpu"))).micro_steps(rollout, 0)
 
 
+def test_depth_normalisation_is_within_each_tree_and_dropped_leaves_do_not_count(components):
+    tree = grow(*components)  # two trees of 4 leaves; level-1 nodes: leaves {0, 1}, {2, 3}, {4, 5}, {6, 7}
+    advantages = torch.tensor([2.0, 0.0, -1.0, -1.0, 0.5, 0.5, -3.0, 0.0])
+    reward = torch.tensor([1.0, 0.2, 0.1, 0.1, 0.6, 0.6, 0.0, float("nan")])  # leaf 7 dropped (advantage 0)
+    rollout = Rollout(prompts=["a red circle"] * 8, sample_ids=torch.arange(8), group_ids=torch.arange(8) // 4,
+                      conditions={}, states=tree.states, log_probs=tree.log_probs, sigmas=tree.sigmas,
+                      advantages=advantages, reward=reward, extras={"tree_ancestors": tree.ancestors})
+
+    def values(micro_step, **options):
+        objective = TreeGRPOObjective(TreeGRPOOptions(**options), BuildContext(device=torch.device("cpu")))
+        return objective.transition_advantages(rollout, micro_step)
+
+    # node means: tree 0 (2 + 0) / 2 = 1 and -1; tree 1 (0.5 + 0.5) / 2 = 0.5, and -3 alone (leaf 7 left out)
+    torch.testing.assert_close(values(0), torch.tensor([1.0, 1.0, -1.0, -1.0, 0.5, 0.5, -3.0, -3.0]))
+    # per tree and depth: tree 0's nodes (1, -1) -> (1, -1); tree 1's (0.5, -3) -> mean -1.25, std 1.75 -> (1, -1)
+    scale = torch.tensor([1 / (1 + 1e-4)] * 4 + [1.75 / (1.75 + 1e-4)] * 4)
+    torch.testing.assert_close(values(0, normalize_depth=True), torch.tensor([1.0, 1, -1, -1, 1, 1, -1, -1]) * scale)
+    assert values(2)[7] == 0.0  # a node whose only leaf was dropped
+    weighted = values(0, aggregate="logprob")
+    assert weighted[6] == weighted[7] == -3.0  # the dropped leaf takes no share of its node's softmax
+
+
+def test_several_roots_per_group_start_from_their_own_noise(components):
+    backbone, sampler = components
+    conditions = backbone.encode([PROMPTS[0]])
+    tree = sample_trees(backbone, sampler, conditions, group_ids=[0], seed=0, step=0, branch_steps=[1], width=2,
+                        num_steps=3, guidance_scale=1.0, roots=2)
+    assert tree.states.shape[0] == 4 and tree.forward_rows == 2 + 2 + 4  # 2 roots, split once at step 1
+    assert torch.equal(tree.states[0, 0], tree.states[1, 0]) and not torch.equal(tree.states[0, 0], tree.states[2, 0])
+    assert (tree.ancestors[:, 0] == torch.tensor([0, 0, 1, 1])).all()
+
+
 def test_pruned_tree_grpo_trains_on_policy(make_config):
     config = make_config(*TREE, "objective={name: tree_grpo, clip_range: 0.01, dedup: true, width: 1, skip_steps: [2]}",
                          "train.steps=1")
@@ -117,9 +149,19 @@ def test_tree_grpo_trains_on_policy_and_reports_the_saved_forward_passes(make_co
     assert metrics["rollout/forward_fraction"] == pytest.approx(7 / 12)
 
 
+def test_tree_grpo_trains_on_several_roots_per_group(make_config):
+    config = make_config("rollout.branch_steps=[1]", "rollout.branch_roots=2", "rollout.group_size=4",
+                         "rollout.batch_size=8", "train.steps=1",
+                         "objective={name: tree_grpo, clip_range: 0.01, normalize_depth: true, skip_zero_advantage: true}")
+    metrics = Trainer(config, PluginManager()).train().last_metrics
+    assert metrics["ratio"] == 1.0 and metrics["grad_norm"] > 0
+    assert metrics["rollout/forward_fraction"] == pytest.approx(8 / 12)  # per group: 2 + 2 + 4 node evaluations
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["rollout.branch_steps=[0, 1]", "rollout.group_size=2", "rollout.batch_size=8"], "set rollout.group_size=4"),
     (["rollout.branch_steps=[1, 0]", "rollout.group_size=4"], "increasing step indices in [0, 3)"),
+    ([*TREE, "rollout.branch_roots=2"], "set rollout.group_size=8"),
     ([*TREE, "sampler={name: ode}", "objective={name: nft}"], "needs a stochastic sampler to branch"),
 ])
 def test_bad_tree_configs_fail_at_config_time(make_config, overrides, message):

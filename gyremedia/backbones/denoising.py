@@ -75,7 +75,7 @@ class DenoisingPolicy:
                     self, sampler, {k: v[::r.group_size] for k, v in conditions.items()},
                     group_ids=request.group_ids[span][::r.group_size].tolist(), seed=request.seed, step=request.step,
                     branch_steps=list(r.branch_steps), width=r.branch_width, num_steps=r.num_steps,
-                    guidance_scale=r.guidance_scale)
+                    guidance_scale=r.guidance_scale, roots=r.branch_roots)
                 states, log_probs, sigmas = tree.states, tree.log_probs, tree.sigmas
                 # node ids unique across chunks: offset by the nodes of earlier chunks at each level
                 ancestors.append(tree.ancestors + (ancestors[-1].max(dim=0).values + 1 if ancestors else 0))

@@ -41,6 +41,9 @@ class GRPOOptions:
     transition_selection: Literal["random", "first", "stratified", "window"] = option(
         "random", help="random: round(N f) drawn each step; first: the first floor(N f) (Flow-GRPO); stratified: one "
                        "from each of round(N f) equal strata; window: round(N f) consecutive ones at a random start")
+    skip_zero_advantage: bool = option(False, help="leave samples whose advantage is exactly 0 (a group whose rewards "
+                                                   "all tie) out of the loss, as Flow-GRPO does: they add no policy "
+                                                   "gradient, only replay cost and a smaller mean")
 
 
 class GRPOObjective:
@@ -89,7 +92,18 @@ class GRPOObjective:
     def trained_rows(self, rollout: Rollout, micro_step: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The rows whose transition ``micro_step`` is trained (``None``: every sample, as in flat GRPO) and
         their advantages."""
-        return None, self.transition_advantages(rollout, micro_step)
+        return self.informative_rows(None, self.transition_advantages(rollout, micro_step))
+
+    def informative_rows(self, rows: torch.Tensor | None,
+                         advantages: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``rows`` (``None``: all) and their ``advantages`` without the zero-advantage ones when
+        ``skip_zero_advantage`` is set. If every advantage is 0 all rows stay: the policy loss is then exactly
+        0 and every process still runs the same forward and backward."""
+        nonzero = advantages != 0
+        if not self.options.skip_zero_advantage or nonzero.all() or not nonzero.any():
+            return rows, advantages
+        kept = nonzero.nonzero().flatten()
+        return (kept if rows is None else rows.to(kept.device)[kept]), advantages[kept]
 
     def replay(self, ctx: ObjectiveContext, rollout: Rollout, index: int,
                rows: torch.Tensor | None) -> tuple[Transition, torch.Tensor]:

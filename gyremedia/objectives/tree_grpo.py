@@ -8,8 +8,10 @@ every leaf under it, so its advantage is backed up from those leaves:
     logprob:  A(node) = sum_l w_l A(leaf_l),  w = softmax over the node's leaves of the log-prob of
               the path from the node down to the leaf (likelier continuations count more)
 
-optionally normalised per depth (zero mean, unit std over the nodes at that depth). Then GRPO's
-clipped ratio as in ``grpo``.
+A leaf dropped by its reward's failure policy (NaN reward) is left out of every mean; a node with
+only dropped leaves gets 0. With ``normalize_depth`` the node values are then normalised within each
+tree (BranchGRPO's depth-wise normalisation): zero mean and unit std over the group's nodes at that
+depth, so every depth weighs the same. Then GRPO's clipped ratio as in ``grpo``.
 
 Training cost (BranchGRPO's pruning): by default each leaf replays its whole path, so a shared
 transition is trained once per leaf below it; with ``dedup`` it is replayed once (one row per
@@ -26,6 +28,7 @@ from typing import Literal
 import torch
 
 from gyremedia import hookimpl
+from gyremedia.advantages import group_advantages
 from gyremedia.options import option
 from gyremedia.interfaces import ObjectiveContext, Transition
 from gyremedia.objectives.grpo import GRPOObjective, GRPOOptions
@@ -36,7 +39,7 @@ from gyremedia.tree import subtree_values
 @dataclass
 class TreeGRPOOptions(GRPOOptions):
     aggregate: Literal["mean", "logprob"] = option("mean", help="how leaf advantages back up to a node")
-    normalize_depth: bool = option(False, help="normalise node advantages over the nodes of each depth")
+    normalize_depth: bool = option(False, help="normalise node advantages over each tree's nodes at each depth")
     dedup: bool = option(False, help="replay a transition shared by several leaves once (one row per tree node)")
     width: int = option(0, ge=0, help="train at most this many nodes per tree and depth, the largest |A| first; 0 = all")
     skip_steps: list[int] = option(default_factory=list, ge=0, help="transition indices never trained (depth pruning)")
@@ -57,13 +60,13 @@ class TreeGRPOObjective(GRPOObjective):
         """One row per node the transitions lead to (``dedup``), at most ``width`` per tree by ``|A|``."""
         advantages = self.transition_advantages(rollout, micro_step)
         if not self.options.dedup and not self.options.width:
-            return None, advantages
+            return self.informative_rows(None, advantages)
         nodes = rollout.extras["tree_ancestors"][:, micro_step + 1]
         rows = unique_first(nodes)[1] if self.options.dedup else torch.arange(len(rollout), device=nodes.device)
         if self.options.width:
             rows = top_per_group(rows, rollout.group_ids.to(rows.device)[rows], advantages.to(rows.device)[rows].abs(),
                                  self.options.width)
-        return rows, advantages[rows.to(advantages.device)]
+        return self.informative_rows(rows, advantages[rows.to(advantages.device)])
 
     def replay(self, ctx: ObjectiveContext, rollout: Rollout, index: int,
                rows: torch.Tensor | None) -> tuple[Transition, torch.Tensor]:
@@ -86,18 +89,23 @@ class TreeGRPOObjective(GRPOObjective):
         if ancestors is None:
             raise ValueError("tree_grpo needs tree rollouts: set rollout.branch_steps (e.g. [0, 3, 6])")
         nodes = ancestors[:, micro_step + 1].to(rollout.advantages.device)
-        weights = None
+        kept = torch.ones(len(nodes), dtype=torch.bool, device=nodes.device) if rollout.reward is None else \
+            torch.isfinite(rollout.reward).to(nodes.device)
+        weights = kept.double()
         if self.options.aggregate == "logprob":
             below = rollout.log_probs[:, micro_step + 1:].nan_to_num(0.0).sum(dim=1).double().to(nodes.device)
+            below = below.masked_fill(~kept, -torch.inf)
             _, inverse = torch.unique(nodes, return_inverse=True)
             peak = torch.full((int(inverse.max()) + 1,), -torch.inf, dtype=below.dtype, device=below.device).scatter_reduce(
                 0, inverse, below, reduce="amax")
-            weights = torch.exp(below - peak[inverse])  # softmax numerators, stable per node
+            weights = torch.where(kept, torch.exp(below - peak[inverse]), 0.0)  # softmax numerators, stable per node
         values = subtree_values(rollout.advantages.double(), nodes, weights)
         if self.options.normalize_depth:
-            _, first, _ = unique_first(nodes)
-            node_values = values[first]
-            values = (values - node_values.mean()) / (node_values.std(unbiased=False) + 1e-4)
+            _, first, inverse = unique_first(nodes)
+            has_leaves = subtree_values(kept.double(), nodes)[first] > 0
+            node_values = values[first].masked_fill(~has_leaves, float("nan"))  # empty nodes do not count
+            groups = rollout.group_ids.to(nodes.device)[first]
+            values = group_advantages(node_values, groups).double()[inverse]
         return values.float()
 
 

@@ -1,15 +1,21 @@
 """MixGRPO's ODE/SDE window: stochastic steps only inside a window of the trajectory, ODE elsewhere.
 
 Only the window's transitions carry log-probs (the others are recorded as NaN), so a ratio
-objective trains on them alone: fewer noisy steps to sample and far fewer to train. Where the window
-sits moves with training (``schedule``):
+objective trains on them alone: fewer noisy steps to sample and far fewer to train. The window is
+``size`` consecutive transition indices starting at ``start``, cut off before the last two indices of
+the trajectory, which are never stochastic (MixGRPO's ``max_timesteps = sampling_steps - 2``); where
+it starts moves with training (``schedule``), as MixGRPO's ``GRPOTrainingStates`` moves it:
 
-- ``progressive``: starts at the noisiest steps and slides one step later every ``shift_every``
-  training steps, wrapping around (MixGRPO's sliding window);
-- ``decay``: starts at the noisiest steps, ``size`` wide, and loses one step every ``shift_every``
-  training steps down to one;
+- ``progressive``: starts at 0 and moves ``stride`` indices later after every ``shift_every``
+  training steps (MixGRPO's shift interval), back to 0 after the last index it may train;
+- ``decay``: as progressive, but the shift interval shrinks linearly with the window's position,
+  from ``shift_every`` at the start to ``min_shift_every`` at the end (the window keeps its size);
 - ``random``: a new random start every training step (seeded, so a resume repeats it);
 - ``fixed``: always the first ``size`` steps.
+
+One difference from MixGRPO's code: when its window has moved past the last trainable index it spends
+one shift interval empty (nothing stochastic, nothing trained) before rolling back; here it rolls back
+at once.
 """
 
 from __future__ import annotations
@@ -27,17 +33,43 @@ from gyremedia_samplers.cps import CPSOptions, CPSSampler
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
 from gyremedia_samplers.ode import EulerODESampler
 
+#: Transitions at the end of a trajectory that are never in the window (MixGRPO's ``sampling_steps - 2``).
+UNTRAINED_TAIL = 2
+
+
 @dataclass
 class WindowOptions:
     sde: Literal["flow_sde", "cps"] = option("flow_sde", help="the stochastic step inside the window")
     noise_level: float = option(0.7, gt=0, help="that step's noise level")
-    size: int = option(4, ge=1, help="stochastic steps per trajectory")
+    size: int = option(4, ge=1, help="stochastic steps per trajectory (MixGRPO's window size)")
     schedule: Literal["progressive", "decay", "random", "fixed"] = option("progressive", help="how the window moves")
-    shift_every: int = option(25, ge=1, help="training steps between window moves (progressive, decay)")
+    shift_every: int = option(25, ge=1, help="training steps between window moves (MixGRPO's shift interval; "
+                                             "decay: the first, longest one)")
+    min_shift_every: int = option(1, ge=1, help="decay: the shift interval at the end of the trajectory")
+    stride: int = option(1, ge=1, help="indices the window moves by at each shift (progressive, decay)")
 
     def validate(self) -> None:
         if self.sde == "cps" and self.noise_level > 1:
             raise OptionError("noise_level", "must be in (0, 1] for the cps step")
+        if self.min_shift_every > self.shift_every:
+            raise OptionError("min_shift_every", f"must be at most shift_every={self.shift_every}")
+
+
+def window_start(train_step: int, last: int, options: WindowOptions) -> int:
+    """Where a progressive or decaying window starts after ``train_step`` training steps, ``last`` the
+    last index it may start at (MixGRPO's update rule, one cycle of positions repeated)."""
+    starts = range(0, last + 1, options.stride)
+    intervals = [options.shift_every] * len(starts)
+    if options.schedule == "decay":  # linear in the position: shift_every at index 0, min_shift_every at the end
+        progress = [start / (last + 1) for start in starts]
+        intervals = [max(options.min_shift_every, int(options.shift_every * (1 - p) + options.min_shift_every * p))
+                     for p in progress]
+    step = train_step % sum(intervals)
+    for start, interval in zip(starts, intervals):
+        if step < interval:
+            return start
+        step -= interval
+    raise AssertionError("unreachable: step < sum(intervals)")
 
 
 class WindowSampler:
@@ -57,16 +89,15 @@ class WindowSampler:
     def window(self, num_steps: int) -> range:
         """The transition indices sampled stochastically at the current training step."""
         o, k = self.options, self.train_step
-        size = min(o.size, num_steps)
-        if o.schedule == "decay":
-            return range(max(size - k // o.shift_every, 1))
+        end = max(num_steps - UNTRAINED_TAIL, 1)  # first index never in the window (at least one step is)
+        size = min(o.size, end)
         if o.schedule == "random":
-            start = int(stream_rng(self.seed, k, Stream.WINDOW).integers(num_steps - size + 1))
-        elif o.schedule == "progressive":
-            start = (k // o.shift_every) % (num_steps - size + 1)
-        else:
+            start = int(stream_rng(self.seed, k, Stream.WINDOW).integers(end - size + 1))
+        elif o.schedule == "fixed":
             start = 0
-        return range(start, start + size)
+        else:
+            start = window_start(k, end - 1, o)
+        return range(start, min(start + size, end))
 
     def step(self, x, model_output, sigmas, index, *, noise=None, next_state=None) -> Transition:
         if next_state is not None or index in self.window(len(sigmas) - 1):

@@ -55,6 +55,19 @@ def test_on_policy_ratio_is_one_and_loss_is_minus_mean_advantage():
     assert backbone.w.grad is not None and backbone.w.grad != 0
 
 
+def test_zero_advantage_samples_can_be_left_out_as_flow_grpo_does():
+    backbone, sampler = ScalarBackbone(0.5), FlowSDESampler(FlowSDEOptions())
+    rollout = make_rollout(backbone, sampler, [1.0, 0.0, 3.0, 0.0])
+    ctx = ObjectiveContext(backbone=backbone, sampler=sampler, guidance_scale=1.0, step=0)
+    torch.testing.assert_close(objective().loss(ctx, rollout, 1).loss, torch.tensor(-1.0))  # mean over all 4
+    skipping = objective(skip_zero_advantage=True)
+    rows, advantages = skipping.trained_rows(rollout, 1)
+    assert rows.tolist() == [0, 2] and advantages.tolist() == [1.0, 3.0]
+    torch.testing.assert_close(skipping.loss(ctx, rollout, 1).loss, torch.tensor(-2.0))  # mean over the 2 kept
+    ties = make_rollout(backbone, sampler, [0.0, 0.0, 0.0, 0.0])  # a batch of tied groups keeps every row
+    assert skipping.trained_rows(ties, 1)[0] is None and skipping.loss(ctx, ties, 1).loss.item() == 0.0
+
+
 def test_advantages_are_clipped():
     backbone, sampler = ScalarBackbone(0.5), FlowSDESampler(FlowSDEOptions())
     rollout = make_rollout(backbone, sampler, [100.0, -100.0, 2.0, 0.0])

@@ -16,15 +16,31 @@ def window_at(train_step: int, **options) -> list[int]:
     return list(sampler.window(10))
 
 
-def test_schedules_move_the_window_as_training_goes():
-    assert window_at(0, size=3, shift_every=5) == [0, 1, 2]
-    assert window_at(12, size=3, shift_every=5) == [2, 3, 4]  # progressive: one step later every 5
-    assert window_at(5 * 8, size=3, shift_every=5) == [0, 1, 2]  # wraps after the last position (7)
-    assert window_at(12, size=3, shift_every=5, schedule="decay") == [0]
-    assert window_at(4, size=3, shift_every=5, schedule="decay") == [0, 1, 2]
+def test_progressive_window_matches_mixgrpo_on_a_hand_worked_example():
+    # 10 steps: MixGRPO's max_timesteps = 10 - 2 = 8, so indices 8 and 9 are never stochastic. Window 4,
+    # shift interval 2, stride 1: two training steps at each start 0..7, the window cut off before index 8,
+    # then back to the start.
+    expected = [[0, 1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 6], [4, 5, 6, 7], [5, 6, 7], [6, 7], [7]]
+    assert [window_at(k, size=4, shift_every=2) for k in range(0, 16, 2)] == expected
+    assert [window_at(k, size=4, shift_every=2) for k in range(1, 16, 2)] == expected
+    assert window_at(16, size=4, shift_every=2) == [0, 1, 2, 3]
+    assert window_at(2, size=4, shift_every=2, stride=4) == [4, 5, 6, 7]  # MixGRPO without overlap: stride = size
+    assert max(i for k in range(40) for i in window_at(k, size=3, shift_every=1)) == 7
+
+
+def test_decay_shortens_the_shift_interval_and_keeps_the_window_size():
+    # MixGRPO's decay: interval(start) = max(min, int(max (1 - start/8) + min start/8)) with max 4, min 1:
+    # 4, 3, 3, 2, 2, 2, 1, 1 training steps at starts 0 .. 7 (18 in all), then back to the start.
+    starts = [window_at(k, size=4, shift_every=4, min_shift_every=1, schedule="decay")[0] for k in range(22)]
+    assert starts == [0] * 4 + [1] * 3 + [2] * 3 + [3] * 2 + [4] * 2 + [5] * 2 + [6] + [7] + [0] * 4
+    assert window_at(12, size=4, shift_every=4, schedule="decay") == [4, 5, 6, 7]  # still 4 wide
+    assert "min_shift_every" in validate(WindowOptions(shift_every=2, min_shift_every=3))[0]
+
+
+def test_fixed_and_random_windows():
     assert window_at(99, size=3, schedule="fixed") == [0, 1, 2]
-    randoms = {tuple(window_at(k, size=3, schedule="random")) for k in range(20)}
-    assert len(randoms) > 1 and all(len(w) == 3 for w in randoms)
+    randoms = {tuple(window_at(k, size=3, schedule="random")) for k in range(40)}
+    assert len(randoms) > 1 and all(len(w) == 3 and max(w) <= 7 for w in randoms)
     assert window_at(7, size=3, schedule="random") == window_at(7, size=3, schedule="random")  # seeded
 
 
@@ -43,9 +59,10 @@ def test_steps_outside_the_window_are_ode_steps_without_log_probs():
 
 def test_grpo_trains_only_inside_the_window(make_config):
     config = make_config("sampler={name: window, size: 1, schedule: progressive, shift_every: 1}", "train.steps=3",
-                         "objective.timestep_fraction=1.0")
+                         "rollout.num_steps=4", "objective.timestep_fraction=1.0")
     state = Trainer(config, PluginManager()).train()
-    log_probs = state.rollout.log_probs  # the last rollout (training step 2): window at index 2 of 3
-    assert torch.isfinite(log_probs[:, 2]).all() and log_probs[:, :2].isnan().all()
-    assert state.objective.micro_steps(state.rollout, 2) == [2]
-    assert state.last_metrics["ratio"] == 1.0 and state.last_metrics["sampler/window_start"] == 0.0  # wrapped
+    # 4 steps: the window may sit at index 0 or 1 (never the last two); training step 2 rolled back to 0
+    log_probs = state.rollout.log_probs
+    assert torch.isfinite(log_probs[:, 0]).all() and log_probs[:, 1:].isnan().all()
+    assert state.objective.micro_steps(state.rollout, 2) == [0]
+    assert state.last_metrics["ratio"] == 1.0 and state.last_metrics["sampler/window_start"] == 1.0  # step 3's
