@@ -10,9 +10,11 @@ logging). Inside each step it times:
   and EMA weights of NFT/AWM swap into the same module, so their passes count too), by forward hooks;
 * ``backward``: from the module's backward pre-hook (the gradient of its output is ready) to the last
   gradient accumulated into its parameters, per ``backward`` call;
-* what is outside them: ``decode`` (the backbone's latents to media), ``reward`` (waiting for the rewards
-  and computing advantages, ``time/reward``), ``optimizer`` (the AdamW step), ``clip`` (gradient norm and
-  clipping), and ``other`` (everything else: sampler math, noise generation, the objective's Python).
+* what is outside them: ``decode`` (the backbone's latents to media), ``encode`` (prompts to conditions,
+  cached per prompt), ``noise`` (initial noise), ``sampler`` (the sampler's step math, outside the model),
+  ``reward`` (waiting for the rewards and computing advantages, ``time/reward``), ``optimizer`` (the AdamW
+  step), ``clip`` (gradient norm and clipping), and ``other`` (everything else: the objective's re-noising
+  and loss math, metrics, Python).
 
 Prints the hardware, a table of the breakdown and one JSON line ``{"overhead_fraction": ...}`` (the step
 time outside forward and backward over the step time). On an accelerator every timed boundary
@@ -28,6 +30,7 @@ import json
 import os
 import platform
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -57,8 +60,11 @@ class StepClock:
         return time.perf_counter()
 
     def timed(self, phase: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function``, its calls on the main thread booked to ``phase`` (a prefetch thread's are hidden)."""
         @functools.wraps(function)
         def wrapper(*args, **kwargs):
+            if threading.current_thread() is not threading.main_thread():
+                return function(*args, **kwargs)
             start = self.now()
             try:
                 return function(*args, **kwargs)
@@ -95,17 +101,24 @@ class StepClock:
         return wrapper
 
 
-def measure(config_path: Path, overrides: list[str], steps: int, warmup: int, out: Path) -> dict[str, Any]:
+def measure(config_path: Path, overrides: list[str], steps: int, warmup: int, out: Path,
+            prefetch: bool = True) -> dict[str, Any]:
     pm = PluginManager()
     overrides = [f"run.output_dir={out}", f"train.steps={warmup + steps}", "eval.every=0", "logging.progress=false",
                  "export.on_train_end=false", *overrides]
     trainer = Trainer(resolve_config(load_config(config_path, overrides), pm), pm)
     state = trainer.setup()
+    if not prefetch:
+        state.backbone.prefetch = None
     clock = StepClock(trainer.accelerator.device)
     for step in range(warmup):
         trainer.train_step(step)
     clock.watch_module(state.backbone.trainable_module())
     state.backbone.decode = clock.timed("decode", state.backbone.decode)
+    state.backbone.encode = clock.timed("encode", state.backbone.encode)
+    state.backbone.sample_noise = clock.timed("noise", state.backbone.sample_noise)
+    if state.sampler is not None:
+        state.sampler.step = clock.timed("sampler", state.sampler.step)
     state.optimizer.step = clock.timed("optimizer", state.optimizer.step)
     trainer.accelerator.clip_grad_norm_ = clock.timed("clip", trainer.accelerator.clip_grad_norm_)
     trainer.accelerator.backward = clock.watch_backward(trainer.accelerator.backward)
@@ -128,14 +141,17 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=QUICKSTART)
     parser.add_argument("--steps", type=int, default=6, help="timed steps")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--no-prefetch", action="store_true", help="encode each step's prompts when it starts, "
+                        "not in a background thread during the step before")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(open(os.devnull, "w")):
-        result = measure(args.config, args.overrides, args.steps, args.warmup, Path(tmp))
+        result = measure(args.config, args.overrides, args.steps, args.warmup, Path(tmp), not args.no_prefetch)
     device = (f"{torch.accelerator.current_accelerator()}" if torch.accelerator.is_available() else "no accelerator")
     print(f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
           f"({torch.get_num_threads()} threads), {device}")
-    print(f"{args.config.name} {' '.join(args.overrides)}: {args.steps} steps after {args.warmup} warm-up, "
+    print(f"{args.config.name} {' '.join(args.overrides)}{' (no prefetch)' if args.no_prefetch else ''}: "
+          f"{args.steps} steps after {args.warmup} warm-up, "
           f"{result['step_seconds']:.2f} s per step")
     print("| phase | share of step time |\n|---|---|")
     for phase, share in sorted(result["shares"].items(), key=lambda kv: -kv[1]):
@@ -143,6 +159,7 @@ def main() -> None:
     print(json.dumps({"overhead_fraction": round(result["overhead_fraction"], 4),
                       "shares": {k: round(v, 4) for k, v in result["shares"].items()},
                       "step_seconds": round(result["step_seconds"], 3), "config": args.config.name,
+                      "prefetch": not args.no_prefetch,
                       "overrides": args.overrides}))
 
 

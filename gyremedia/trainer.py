@@ -432,6 +432,9 @@ class Trainer:
         """
         state = self.state
         rollout, futures, sampling = self._pending.pop(step, None) or self._sample_and_submit(step)
+        prefetch = getattr(state.backbone, "prefetch", None)  # a backbone may encode the next prompts meanwhile
+        if callable(prefetch) and step + 1 < self.core.train.steps:
+            prefetch(self.rollout_request(step + 1).prompts)
         times = {"time/rollout": sampling}
         if self.core.rollout.async_scoring and step + 1 < self.core.train.steps:
             self._pending[step + 1] = upcoming = self._sample_and_submit(step + 1)

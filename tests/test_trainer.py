@@ -77,6 +77,18 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_yaml, tmp_path):
     assert comparable(resumed[2]) == comparable(expected[2])
 
 
+def test_prompts_encoded_ahead_in_a_thread_change_no_number(make_config, tmp_path):
+    runs = []
+    for prefetch in (True, False):
+        trainer = Trainer(make_config(f"run.output_dir={tmp_path / str(prefetch)}", "train.steps=3"), PluginManager())
+        state = trainer.setup()
+        if not prefetch:
+            state.backbone.prefetch = None
+        runs.append([comparable(trainer.train_step(step)) for step in range(3)])
+        trainer.scorer.close()
+    assert runs[0] == runs[1]
+
+
 def test_resume_after_a_crash_drops_metrics_logged_after_the_checkpoint(tiny_yaml, tmp_path):
     run = tmp_path / "crashed"
     assert main(["train", str(tiny_yaml), f"run.output_dir={run}", "train.steps=3", "checkpoint.every=2"]) == 0

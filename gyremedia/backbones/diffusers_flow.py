@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -100,6 +102,7 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
                     if isinstance(part, torch.nn.Module):
                         cast_weights(part, dtype)
         self.pipeline.set_progress_bar_config(disable=True)
+        warn_once_per_kind(logging.getLogger(type(self.pipeline).__module__))
         self.pipeline.to(self.device)
         self.encoder_device = torch.device("cpu") if options.text_encoders_on_cpu else self.device
         for name, part in self.pipeline.components.items():
@@ -118,6 +121,7 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         self.scheduler = self.pipeline.scheduler
         self._prepare_training(options.lora, options.gradient_checkpointing, context.mixed_precision)
         self._prompt_cache: dict[str, dict[str, torch.Tensor]] = {}
+        self._encode_lock = threading.Lock()  # `prefetch` fills the cache from another thread
 
     def stock_pipeline_class(self) -> type:
         """The diffusers class of ``self.pipeline_class`` (a subclass may set it per instance before loading)."""
@@ -205,12 +209,21 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         Each prompt is encoded alone: a batched encoder's output can differ in its last bits with the
         batch it was computed in, and a resumed run (whose cache starts empty) must see the same numbers.
         """
-        for prompt in dict.fromkeys(prompts):
-            if prompt not in self._prompt_cache:
-                with torch.no_grad():
-                    encoded = self.encode_prompt(prompt)
-                self._prompt_cache[prompt] = {k: v.to(self.device) for k, v in encoded.items()}
-        return {key: torch.stack([self._prompt_cache[p][key] for p in prompts]) for key in self._prompt_cache[prompts[0]]}
+        with self._encode_lock:
+            for prompt in dict.fromkeys(prompts):
+                if prompt not in self._prompt_cache:
+                    with torch.no_grad():
+                        encoded = self.encode_prompt(prompt)
+                    self._prompt_cache[prompt] = {k: v.to(self.device) for k, v in encoded.items()}
+            cache = self._prompt_cache
+            return {key: torch.stack([cache[p][key] for p in prompts]) for key in cache[prompts[0]]}
+
+    def prefetch(self, prompts: list[str]) -> None:
+        """Encode the prompts of a later step in a background thread, while this one trains (the frozen
+        encoders then run beside the denoiser instead of before it). The same per-prompt ``encode`` fills
+        the cache, so the conditions are the same numbers as without it; a failure there resurfaces when
+        the step itself encodes them."""
+        threading.Thread(target=self.encode, args=(list(prompts),), name="gyremedia-prefetch", daemon=True).start()
 
     def sample_noise(self, generators: list[torch.Generator]) -> torch.Tensor:
         noise = torch.stack([torch.randn(self.state_shape(), generator=g) for g in generators])
@@ -288,3 +301,25 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
                   "other values work, but move away from what training saw. Pass the guidance it was trained "
                   "with too: the run's `rollout.guidance_scale` (its config.yaml).", ""]
         return "\n".join(lines)
+
+
+class FirstOfEachWarning(logging.Filter):
+    """Lets each kind of warning (its first 48 characters) through once: a pipeline's ``encode_prompt``
+    warns about truncation for every prompt it encodes, which would flood a run's log (and cost time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = record.getMessage()[:48]
+        if kind in self.seen:
+            return False
+        self.seen.add(kind)
+        return True
+
+
+def warn_once_per_kind(logger: logging.Logger) -> None:
+    """Install :class:`FirstOfEachWarning` on ``logger`` (once)."""
+    if not any(isinstance(f, FirstOfEachWarning) for f in logger.filters):
+        logger.addFilter(FirstOfEachWarning())
