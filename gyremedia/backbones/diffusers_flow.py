@@ -159,6 +159,10 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         """The transformer's output as a velocity in the state's layout (e.g. unpacked)."""
         return output
 
+    def negative_conditions(self, batch: int) -> dict[str, torch.Tensor]:
+        """The unconditional branch of classifier-free guidance: ``batch`` rows of the negative prompt's conditions."""
+        return self.encode([self.options.negative_prompt] * batch)
+
     def uses_cfg(self, guidance_scale: float) -> bool:
         """Whether ``guidance_scale`` means classifier-free guidance (two predictions) for this model."""
         return guidance_scale > 1.0
@@ -238,7 +242,7 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         timestep = self.model_timestep(sigma.float()).reshape(-1).expand(x.shape[0])
         cfg = self.uses_cfg(guidance_scale)
         if cfg:
-            negative = self.encode([self.options.negative_prompt] * x.shape[0])
+            negative = self.negative_conditions(x.shape[0])
             conditions = {k: torch.cat([negative[k], v]) for k, v in conditions.items()}
             x, timestep = torch.cat([x, x]), torch.cat([timestep, timestep])
         output = self._forward(reference, **self.transformer_inputs(x, timestep, conditions, guidance_scale))

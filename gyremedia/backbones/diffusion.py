@@ -1,11 +1,14 @@
-"""Diffusion text-to-image backbone on diffusers' Stable Diffusion 1.x/2.x pipeline (UNet, epsilon or v).
+"""Diffusion text-to-image backbones on diffusers' Stable Diffusion 1.x/2.x and SDXL pipelines (UNet, epsilon or v).
 
-Loads a ``StableDiffusionPipeline`` folder or hub id (or builds the tiny one of
-:mod:`gyremedia.backbones.tiny_sd`) and trains its ``UNet2DConditionModel``, full or LoRA (adapters on the
-attention projections ``to_q``, ``to_k``, ``to_v``, ``to_out.0``); the CLIP text encoder and the VAE stay
-frozen. Everything else a diffusers pipeline backbone shares (prompt cache, classifier-free guidance, the
-reference policy, checkpoints, export to the stock pipeline) is :mod:`gyremedia.backbones.diffusers_flow`'s.
-SDXL (two text encoders, pooled and size conditioning) is not built here.
+``diffusion`` loads a ``StableDiffusionPipeline`` folder or hub id, ``diffusion_xl`` a
+``StableDiffusionXLPipeline`` one (or each builds its tiny replica of :mod:`gyremedia.backbones.tiny_sd`), and
+trains its ``UNet2DConditionModel``, full or LoRA (adapters on the attention projections ``to_q``, ``to_k``,
+``to_v``, ``to_out.0``); the CLIP text encoders and the VAE stay frozen. SDXL's extra conditioning is the
+stock pipeline's: the second encoder's pooled embedding and the six size numbers ``(original size, crop
+top-left, target size)``, here the trained resolution without crop, and zeros as the unconditional branch
+of guidance for an empty negative prompt (``force_zeros_for_empty_prompt``). Everything else a diffusers
+pipeline backbone shares (prompt cache, classifier-free guidance, the reference policy, checkpoints, export
+to the stock pipeline) is :mod:`gyremedia.backbones.diffusers_flow`'s.
 
 Noise convention: the scheduler's variance-preserving forward process
 ``x = sqrt(alpha_bar) x0 + sqrt(1 - alpha_bar) eps`` (``scheduler.add_noise``), with the noise level reported
@@ -39,7 +42,7 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions
-from gyremedia.backbones.tiny_sd import TinySDOptions, build_tiny_sd_pipeline
+from gyremedia.backbones.tiny_sd import TinySDOptions, TinySDXLOptions, build_tiny_sd_pipeline
 from gyremedia.interfaces import BuildContext
 from gyremedia.sampling import per_sample
 
@@ -169,7 +172,42 @@ class DiffusionBackbone(DiffusersFlowPolicy):
         return eps.float() - x0.float()
 
 
+@dataclass
+class DiffusionXLOptions(PipelineOptions):
+    """As :class:`DiffusionOptions`, with the tiny SDXL replica's sizes."""
+
+    tiny: TinySDXLOptions = field(default_factory=TinySDXLOptions)
+
+
+class DiffusionXLBackbone(DiffusionBackbone):
+    """An SDXL pipeline: :class:`DiffusionBackbone` with two text encoders and pooled and size conditioning."""
+
+    pipeline_class = "StableDiffusionXLPipeline"
+
+    def encode_prompt(self, prompt: str) -> dict[str, torch.Tensor]:
+        embeds, _, pooled, _ = self.pipeline.encode_prompt([prompt], device=self.encoder_device, num_images_per_prompt=1,
+                                                           do_classifier_free_guidance=False)
+        return {"prompt_embeds": embeds[0], "text_embeds": pooled[0]}
+
+    def negative_conditions(self, batch: int) -> dict[str, torch.Tensor]:
+        """Zeros for an empty negative prompt when the pipeline says so, as the stock pipeline's call does."""
+        conditions = super().negative_conditions(batch)
+        if self.options.negative_prompt == "" and self.pipeline.config.get("force_zeros_for_empty_prompt", False):
+            return {k: torch.zeros_like(v) for k, v in conditions.items()}
+        return conditions
+
+    def transformer_inputs(self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor],
+                           guidance_scale: float) -> dict[str, object]:
+        size = self.generation_arguments()["height"]
+        time_ids = torch.tensor([size, size, 0, 0, size, size], dtype=x.dtype, device=x.device).expand(x.shape[0], 6)
+        return {**super().transformer_inputs(x, timestep, conditions, guidance_scale),
+                "added_cond_kwargs": {"text_embeds": conditions["text_embeds"], "time_ids": time_ids}}
+
+
 @hookimpl
 def gyremedia_register_backbones(register):
     register("diffusion", DiffusionBackbone, options=DiffusionOptions,
              description="Stable Diffusion 1.x/2.x UNet text-to-image (diffusers; epsilon or v), full or LoRA")
+    register("diffusion_xl", DiffusionXLBackbone, options=DiffusionXLOptions,
+             description="SDXL UNet text-to-image (diffusers; two text encoders, pooled and size conditioning), "
+                         "full or LoRA")

@@ -1,11 +1,15 @@
-"""A tiny, randomly initialised SD-1.x-style ``StableDiffusionPipeline`` built offline from configs.
+"""Tiny, randomly initialised SD-1.x-style ``StableDiffusionPipeline`` and SDXL-style
+``StableDiffusionXLPipeline`` replicas built offline from configs.
 
 Stock diffusers/transformers parts only: a ``UNet2DConditionModel`` (epsilon- or v-prediction, set in its
 DDIM scheduler's config), one CLIP text encoder (``CLIPTextModel``: SD 1.x conditions on its last hidden
 state) with the word-level tokenizer of :func:`gyremedia.backbones.tiny_sd3.build_clip_tokenizer`, an
 AutoencoderKL and a ``DDIMScheduler`` with Stable Diffusion 1.x's noise schedule. No safety checker
 (``requires_safety_checker=False`` in the saved config), so ``StableDiffusionPipeline.from_pretrained(folder)``
-loads an export with no other argument.
+loads an export with no other argument. The SDXL replica adds what SDXL adds: a second encoder with a
+projection (``CLIPTextModelWithProjection``; the UNet cross-attends to both encoders' penultimate hidden
+states side by side) whose pooled output, with the six size numbers, conditions the UNet through its
+``text_time`` embedding; no watermarker.
 """
 
 from __future__ import annotations
@@ -47,6 +51,15 @@ class TinySDOptions:
                                              "(one halving per extra unet_channels entry)")
 
 
+@dataclass
+class TinySDXLOptions(TinySDOptions):
+    """The SD-1.x replica's sizes, plus the width of SDXL's size embeddings (both encoders are
+    ``text_hidden_size`` wide; the second projects its pooled output to that width too)."""
+
+    time_embed_dim: int = option(8, ge=1, help="width of each of the six size numbers' embeddings "
+                                               "(the UNet's addition_time_embed_dim)")
+
+
 def sd_scheduler(prediction_type: str = "epsilon"):
     """Stable Diffusion 1.x's DDIM scheduler: scaled-linear betas 0.00085 .. 0.012 over 1000 steps, the
     "leading" spacing with offset 1, no clipping, and the last step to ``alpha_bar[0]`` (not to 1)."""
@@ -57,10 +70,14 @@ def sd_scheduler(prediction_type: str = "epsilon"):
 
 
 def build_tiny_sd_unet(options: TinySDOptions):
-    """The UNet alone (random weights from the current RNG state)."""
+    """The UNet alone (random weights from the current RNG state); SDXL's conditioning for
+    :class:`TinySDXLOptions`."""
     from diffusers import UNet2DConditionModel
 
     levels = len(options.unet_channels)
+    width, xl = options.text_hidden_size, isinstance(options, TinySDXLOptions)
+    extra = dict(addition_embed_type="text_time", addition_time_embed_dim=options.time_embed_dim,
+                 projection_class_embeddings_input_dim=6 * options.time_embed_dim + width) if xl else {}
     return UNet2DConditionModel(
         sample_size=options.latent_size,
         in_channels=options.latent_channels,
@@ -69,32 +86,43 @@ def build_tiny_sd_unet(options: TinySDOptions):
         down_block_types=["DownBlock2D"] + ["CrossAttnDownBlock2D"] * (levels - 1),
         up_block_types=["CrossAttnUpBlock2D"] * (levels - 1) + ["UpBlock2D"],
         layers_per_block=options.layers_per_block,
-        cross_attention_dim=options.text_hidden_size,
+        cross_attention_dim=2 * width if xl else width,
         attention_head_dim=options.attention_heads,
         norm_num_groups=min(8, options.unet_channels[0]),
+        **extra,
     )
 
 
 def build_tiny_sd_pipeline(options: TinySDOptions, vae=None):
     """Build the tiny pipeline deterministically from ``options.seed`` (``vae``: an AutoencoderKL to use
-    instead of a random one, e.g. a trained one)."""
-    from diffusers import StableDiffusionPipeline
-    from transformers import CLIPTextConfig, CLIPTextModel
+    instead of a random one, e.g. a trained one); a ``StableDiffusionXLPipeline`` for :class:`TinySDXLOptions`."""
+    from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
+    xl = isinstance(options, TinySDXLOptions)
     with torch.random.fork_rng(devices=[]):  # everything is built on the CPU
         torch.manual_seed(options.seed)
         tokenizer = build_clip_tokenizer(options.words, options.text_max_length)
-        text_encoder = CLIPTextModel(CLIPTextConfig(
+        text_config = CLIPTextConfig(
             vocab_size=len(tokenizer), hidden_size=options.text_hidden_size,
             intermediate_size=options.text_hidden_size * 2, num_attention_heads=2,
             num_hidden_layers=options.text_layers, max_position_embeddings=options.text_max_length,
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id))
+            pad_token_id=tokenizer.pad_token_id, projection_dim=options.text_hidden_size)
+        text_encoder = CLIPTextModel(text_config)
+        text_encoder_2 = CLIPTextModelWithProjection(text_config) if xl else None
         unet = build_tiny_sd_unet(options)
         if vae is None:
             vae = build_tiny_vae(options.vae_channels, options.latent_channels, options.latent_size, scaling_factor=1.0)
-    for part in (text_encoder, unet, vae):  # built from configs a part is in training mode; loaded ones are not
-        part.eval()
+    for part in (text_encoder, text_encoder_2, unet, vae):  # built from configs a part is in training mode
+        if part is not None:
+            part.eval()
+    scheduler = sd_scheduler(options.prediction_type)
+    if xl:
+        return StableDiffusionXLPipeline(vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
+                                         tokenizer=tokenizer, tokenizer_2=build_clip_tokenizer(options.words,
+                                                                                               options.text_max_length),
+                                         unet=unet, scheduler=scheduler, add_watermarker=False)
     return StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
-                                   scheduler=sd_scheduler(options.prediction_type), safety_checker=None,
-                                   feature_extractor=None, image_encoder=None, requires_safety_checker=False)
+                                   scheduler=scheduler, safety_checker=None, feature_extractor=None,
+                                   image_encoder=None, requires_safety_checker=False)

@@ -21,9 +21,10 @@ from gyremedia_samplers.ddim import DDIMEtaOptions, DDIMEtaSampler
 
 # backbone name -> the stock pipeline's output field
 ARCHITECTURES = {"flow_matching": "images", "flux": "images", "flux2": "images", "wan": "frames", "qwen_image": "images",
-                 "diffusion": "images"}
+                 "diffusion": "images", "diffusion_xl": "images"}
 # backbone -> (stochastic sampler for GRPO, deterministic one for NFT and the comparison); default flow_sde, ode
-SAMPLERS = {"diffusion": ("{name: ddim_eta, eta: 1.0}", "{name: ddim_eta, eta: 0.0}")}
+DDIM_SAMPLERS = ("{name: ddim_eta, eta: 1.0}", "{name: ddim_eta, eta: 0.0}")
+SAMPLERS = {"diffusion": DDIM_SAMPLERS, "diffusion_xl": DDIM_SAMPLERS}
 FLOW_SAMPLERS = ("{name: flow_sde}", "{name: ode}")
 STEPS, PROMPTS, SEEDS = 3, ["a red circle", "two green triangles"], [5, 6]
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from gyremedia.backbones.diffusion import DiffusionBackbone, DiffusionOptions, flow_to_vp, split_prediction
+from gyremedia.backbones.diffusion import DiffusionBackbone, flow_to_vp, split_prediction
 from gyremedia.interfaces import BuildContext, ObjectiveContext
 from gyremedia.objectives.grpo import GRPOObjective, GRPOOptions
 from gyremedia.options import validate
@@ -34,11 +34,12 @@ PREDICTIONS = ["epsilon", "v_prediction"]
 DDIM = DDIMEtaSampler(DDIMEtaOptions(eta=0.0))  # deterministic DDIM: the stock pipeline's default step
 
 
-def build(**overrides) -> DiffusionBackbone:
+def build(name: str = "diffusion", **overrides) -> DiffusionBackbone:
     """The backbone from options merged as a run's config merges them (so the defaults are the schema's)."""
-    options = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DiffusionOptions), overrides))
+    component = PLUGINS.component("backbone", name)
+    options = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(component.options), overrides))
     assert validate(options) == []
-    return PLUGINS.component("backbone", "diffusion").build(options, BuildContext(device=torch.device("cpu")))
+    return component.build(options, BuildContext(device=torch.device("cpu")))
 
 
 def ours(backbone: DiffusionBackbone, num_steps: int, guidance_scale: float) -> torch.Tensor:
@@ -52,13 +53,32 @@ def stock(backbone: DiffusionBackbone, num_steps: int, guidance_scale: float) ->
                              **backbone.generation_arguments()).images
 
 
-@pytest.mark.parametrize("prediction", PREDICTIONS)
+# (backbone, prediction type): SD 1.x/2.x with either parameterisation, and SDXL
+VARIANTS = [("diffusion", "epsilon"), ("diffusion", "v_prediction"), ("diffusion_xl", "epsilon")]
+
+
+@pytest.mark.parametrize("name,prediction", VARIANTS)
 @pytest.mark.parametrize("guidance_scale", [1.0, 4.0])
-def test_our_ddim_equals_the_stock_pipeline(prediction, guidance_scale):
-    backbone = build(tiny={"prediction_type": prediction})
+def test_our_ddim_equals_the_stock_pipeline(name, prediction, guidance_scale):
+    backbone = build(name, tiny={"prediction_type": prediction})
     expected = stock(backbone, 4, guidance_scale)
     torch.testing.assert_close(ours(backbone, 4, guidance_scale), expected, atol=2e-4, rtol=0)
     assert expected.shape == (2, 3, 16, 16)
+
+
+def test_sdxl_conditions_on_both_encoders_pooled_embedding_and_sizes():
+    backbone = build("diffusion_xl")
+    assert type(backbone.pipeline).__name__ == "StableDiffusionXLPipeline"
+    conditions = backbone.encode(PROMPTS)
+    assert conditions["prompt_embeds"].shape == (2, 16, 64) and conditions["text_embeds"].shape == (2, 32)
+    x, sigma = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0)), torch.tensor(0.5)
+    base = backbone.predict(x, sigma, conditions)
+    for key in ("prompt_embeds", "text_embeds"):  # both reach the UNet
+        assert not torch.allclose(backbone.predict(x, sigma, {**conditions, key: conditions[key] * 0}), base)
+    inputs = backbone.transformer_inputs(x, torch.zeros(2), conditions, 1.0)
+    assert inputs["added_cond_kwargs"]["time_ids"].tolist() == [[16, 16, 0, 0, 16, 16]] * 2
+    negative = backbone.negative_conditions(2)  # the stock call's unconditional branch: zeros for an empty prompt
+    assert all((v == 0).all() for v in negative.values())
 
 
 def test_sigmas_and_timesteps_are_the_schedulers():
@@ -136,9 +156,9 @@ def rollout_of(backbone, sampler, steps: int = 4, guidance_scale: float = 1.0) -
                    advantages=torch.tensor([1.0, -1.0, -1.0, 1.0]))
 
 
-@pytest.mark.parametrize("prediction", PREDICTIONS)
-def test_replayed_ddim_log_probs_equal_the_rollouts_and_the_on_policy_ratio_is_one(prediction):
-    backbone = build(tiny={"prediction_type": prediction}, lora={"enabled": True})
+@pytest.mark.parametrize("name,prediction", VARIANTS)
+def test_replayed_ddim_log_probs_equal_the_rollouts_and_the_on_policy_ratio_is_one(name, prediction):
+    backbone = build(name, tiny={"prediction_type": prediction}, lora={"enabled": True})
     sampler = DDIMEtaSampler(DDIMEtaOptions(eta=1.0))  # DDPO's
     rollout = rollout_of(backbone, sampler, guidance_scale=3.0)
     assert torch.isfinite(rollout.log_probs).all()  # eta = 1: every step stochastic (SD's last goes to alpha_bar[0])
@@ -181,9 +201,9 @@ def test_trainer_and_core_name_no_concrete_backbone():
 GENERATE = """
 import json, sys
 import numpy as np, torch
-from diffusers import StableDiffusionPipeline
-folder, lora, out, prompts, seeds, steps, guidance, arguments = sys.argv[1:9]
-pipe = StableDiffusionPipeline.from_pretrained(folder)
+import diffusers
+folder, lora, out, prompts, seeds, steps, guidance, arguments, pipeline_class = sys.argv[1:10]
+pipe = getattr(diffusers, pipeline_class).from_pretrained(folder)
 if lora:
     pipe.load_lora_weights(lora)
 output = pipe(prompt=json.loads(prompts), num_inference_steps=int(steps), guidance_scale=float(guidance),
@@ -198,25 +218,27 @@ assert not ours, f"the exported pipeline must load without gyremedia, but {ours}
 def stock_in_fresh_process(backbone, folder: Path, lora: Path | None, out: Path, steps: int, guidance: float):
     result = subprocess.run([sys.executable, "-c", GENERATE, str(folder), str(lora or ""), str(out),
                              json.dumps(PROMPTS), json.dumps(SEEDS), str(steps), str(guidance),
-                             json.dumps(backbone.generation_arguments())],
+                             json.dumps(backbone.generation_arguments()), backbone.pipeline_class],
                             capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return np.load(out)
 
 
-@pytest.mark.parametrize("prediction", PREDICTIONS)
-def test_exports_merged_and_lora_alone_round_trip_through_stock_diffusers(tmp_path, prediction):
+@pytest.mark.parametrize("name,prediction", VARIANTS)
+def test_exports_merged_and_lora_alone_round_trip_through_stock_diffusers(tmp_path, name, prediction):
     base_folder = tmp_path / "base"
-    build(tiny={"prediction_type": prediction}).save_pretrained(base_folder)
-    backbone = build(pretrained=str(base_folder), lora={"enabled": True})
+    build(name, tiny={"prediction_type": prediction}).save_pretrained(base_folder)
+    backbone = build(name, pretrained=str(base_folder), lora={"enabled": True})
     with torch.no_grad():  # lora_B starts at zero: make the adapters change the images
-        for name, p in backbone.transformer.named_parameters():
-            if "lora_B" in name:
+        for key, p in backbone.transformer.named_parameters():
+            if "lora_B" in key:
                 p.normal_(0, 0.2, generator=torch.Generator().manual_seed(0))
     expected = ours(backbone, 4, 3.0).numpy()
-    assert not np.allclose(expected, ours(build(pretrained=str(base_folder)), 4, 3.0).numpy(), atol=1e-3)
+    assert not np.allclose(expected, ours(build(name, pretrained=str(base_folder)), 4, 3.0).numpy(), atol=1e-3)
     backbone.save_pretrained(tmp_path / "merged")
-    assert json.loads((tmp_path / "merged" / "model_index.json").read_text())["requires_safety_checker"] is False
+    index = json.loads((tmp_path / "merged" / "model_index.json").read_text())
+    assert index["_class_name"] == backbone.pipeline_class
+    assert index.get("requires_safety_checker", False) is False
     merged = stock_in_fresh_process(backbone, tmp_path / "merged", None, tmp_path / "merged.npy", 4, 3.0)
     np.testing.assert_allclose(merged, expected, atol=2e-4)
     backbone.save_pretrained(tmp_path / "lora", merge_lora=False)
@@ -224,7 +246,7 @@ def test_exports_merged_and_lora_alone_round_trip_through_stock_diffusers(tmp_pa
     adapters = stock_in_fresh_process(backbone, base_folder, tmp_path / "lora", tmp_path / "lora.npy", 4, 3.0)
     np.testing.assert_allclose(adapters, expected, atol=2e-4)
     readme = (tmp_path / "lora" / "README.md").read_text()
-    assert "StableDiffusionPipeline" in readme and "load_lora_weights" in readme and "height=16" in readme
+    assert backbone.pipeline_class in readme and "load_lora_weights" in readme and "height=16" in readme
 
 
 def test_the_config_pairs_the_diffusion_backbone_with_epsilon_samplers(make_config):
