@@ -70,6 +70,12 @@ class RolloutSection:
     branch_width: int = option(2, ge=2, help="tree rollouts: children per split")
     branch_roots: int = option(1, ge=1, help="tree rollouts: trees per group, each from its own initial noise "
                                              "(more diverse leaves)")
+    # Sol-RL's two-stage rollouts: per prompt, `candidates` cheap samples (`candidate_steps` steps of the
+    # eval sampler) are scored by the run's rewards; the group_size / 2 best and worst of their initial
+    # noises are then sampled at full quality with the run's sampler, and only those are trained on.
+    candidates: int = option(0, ge=0, help="candidate initial noises drawn per prompt and scored cheaply "
+                                           "(a multiple of group_size); 0 = one-stage rollouts")
+    candidate_steps: int = option(3, ge=1, help="denoising steps of each candidate (the eval sampler's)")
 
 
 @dataclass
@@ -584,6 +590,20 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
             f"rollout.batch_size={r.batch_size} is not divisible by rollout.group_size={r.group_size}: "
             f"use rollout.batch_size={lower or r.group_size} or {lower + r.group_size}"
         )
+    if r.candidates:
+        backbone = selected.get("backbone")
+        if r.candidates % r.group_size or r.candidates == r.group_size:
+            errors.append(f"rollout.candidates={r.candidates}: draw a larger multiple of rollout.group_size="
+                          f"{r.group_size} (e.g. {4 * r.group_size}), or 0 for one-stage rollouts")
+        if r.branch_steps:
+            errors.append("rollout.candidates selects initial noises of flat rollouts: set rollout.branch_steps=[] "
+                          "or rollout.candidates=0")
+        if core.pareto.enabled:
+            errors.append("rollout.candidates ranks candidates by the rewards' fixed weights: set pareto.enabled=false "
+                          "or rollout.candidates=0")
+        if backbone is not None and backbone.meta.get("transitions") != "denoising":
+            errors.append(f"rollout.candidates selects initial noises, which backbone {backbone.name!r} does not "
+                          f"denoise from: set rollout.candidates=0")
     adv = core.advantage
     if adv.history and adv.combine != "sum":
         errors.append(f"advantage.history={adv.history} keeps each prompt's total reward: use advantage.combine=sum "

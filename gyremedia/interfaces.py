@@ -41,6 +41,10 @@ class RolloutRequest:
     chunks: int  # training replays the rollout in this many minibatches: sample in the same chunks
     settings: Any  # the core ``rollout`` section (group size, steps, guidance, tree branching, ...)
     preference: torch.Tensor | None = None  # [B, R] a Pareto run's reward-preference weights
+    # Where each sample's initial noise comes from: generators keyed by (seed, step, noise_stream, noise id);
+    # None: the sample's id (its group's with same_noise_in_group). Candidate selection sets both.
+    noise_ids: torch.Tensor | None = None
+    noise_stream: int = 0  # Stream.INITIAL_NOISE
 
 
 @dataclass

@@ -26,6 +26,7 @@ class Stream(IntEnum):
     WINDOW = 8  # MixGRPO's random window start
     # A backbone's generation randomness that is not a denoising step (token sampling, ...).
     GENERATION = 9
+    CANDIDATES = 10  # Sol-RL's candidate pool: each candidate's initial noise (keyed by group and index)
 
 
 def stream_rng(seed: int, step: int, stream: Stream, *keys: int) -> np.random.Generator:

@@ -8,6 +8,7 @@ advantages over all ranks -> objective (+ regularizers) per micro-step with grad
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -26,6 +27,7 @@ from tqdm.auto import tqdm
 from gyremedia import checkpoint as ckpt
 from gyremedia import evaluation, sharding
 from gyremedia.advantages import PromptStatTracker, distributed_group_advantages
+from gyremedia.candidates import contrastive_subset
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
 from gyremedia.distributed import global_nanmeans, mean_over_ranks
@@ -84,6 +86,11 @@ def check_process_layout(config: ResolvedConfig, num_processes: int) -> None:
     if per_rank % train.num_minibatches:
         raise ConfigError(
             f"each process holds {per_rank} samples, not divisible by train.num_minibatches={train.num_minibatches}"
+        )
+    if rollout.candidates and per_rank % rollout.group_size:
+        raise ConfigError(
+            f"candidate selection ranks each group's candidates on one process: make rollout.batch_size / processes "
+            f"= {per_rank} a multiple of rollout.group_size={rollout.group_size}"
         )
     if rollout.branch_steps and (per_rank // train.num_minibatches) % rollout.group_size:
         raise ConfigError(
@@ -289,10 +296,38 @@ class Trainer:
         state = self.state
         state.backbone.trainable_module().eval()
         request = self.rollout_request(step)
+        pool_reward = self.choose_candidates(request) if self.core.rollout.candidates else None
         rollout = state.plugins.hook.gyremedia_collect_rollout(state=state, request=request)
         if request.preference is not None:  # what the advantages weigh the rewards by
             rollout.extras["preference"] = request.preference
+        if pool_reward is not None:
+            rollout.extras["candidate_reward"] = pool_reward
         return rollout
+
+    def choose_candidates(self, request: RolloutRequest) -> float:
+        """Sol-RL's first stage: draw ``rollout.candidates`` initial noises per group, sample each with
+        ``rollout.candidate_steps`` steps of the eval sampler, score them, and point ``request`` at the noises
+        of each group's best and worst (:func:`gyremedia.candidates.contrastive_subset`). Returns the pool's
+        mean total reward."""
+        state, r = self.state, self.core.rollout
+        per_group = r.candidates
+        groups = request.group_ids[::r.group_size]
+        keys = (groups[:, None] * per_group + torch.arange(per_group)).flatten()  # unique per group and candidate
+        pool = RolloutRequest(step=request.step, seed=request.seed,
+                              prompts=[p for p in request.prompts[::r.group_size] for _ in range(per_group)],
+                              sample_ids=keys, group_ids=groups.repeat_interleave(per_group),
+                              chunks=request.chunks * per_group // r.group_size,
+                              settings=dataclasses.replace(r, num_steps=r.candidate_steps, branch_steps=[]),
+                              noise_ids=keys, noise_stream=Stream.CANDIDATES)
+        candidates = state.backbone.collect_rollout(pool, self.eval_sampler)
+        media = state.backbone.media(candidates)
+        scored = self.scorer.collect(self.scorer.submit(media, pool.prompts), pool.prompts, request.step)
+        weights = torch.tensor([s.weight for s in self.config.rewards], dtype=torch.float64)
+        totals = torch.stack([scored.components[s.name]["score"].double() for s in self.config.rewards], dim=1) @ weights
+        chosen = contrastive_subset(totals.reshape(len(groups), per_group), r.group_size)
+        request.noise_ids = keys.reshape(len(groups), per_group).gather(1, chosen).flatten()
+        request.noise_stream = Stream.CANDIDATES
+        return mean_over_ranks(self.accelerator, float(totals.nanmean()))
 
     def start_scoring(self, rollout: Rollout) -> dict[str, Any]:
         """Decode the rollout and hand its media to the rewards' worker threads; returns at once."""
@@ -444,6 +479,8 @@ class Trainer:
         metrics.update(self.compute_advantages(rollout, step))
         if "forward_fraction" in rollout.extras:  # tree rollouts: model evaluations vs a flat rollout's
             metrics["rollout/forward_fraction"] = rollout.extras["forward_fraction"]
+        if "candidate_reward" in rollout.extras:  # two-stage rollouts: the cheap pool's mean reward
+            metrics["rollout/candidate_reward"] = rollout.extras["candidate_reward"]
         times["time/reward"] = time.perf_counter() - start
         start = time.perf_counter()
         metrics.update(self.optimize(rollout, step))

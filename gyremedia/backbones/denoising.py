@@ -63,7 +63,8 @@ class DenoisingPolicy:
         r = request.settings
         per_rank = len(request.prompts)
         chunk = per_rank // request.chunks
-        noise_ids = request.group_ids if r.same_noise_in_group else request.sample_ids
+        noise_ids = request.noise_ids if request.noise_ids is not None else (
+            request.group_ids if r.same_noise_in_group else request.sample_ids)
         parts, ancestors, forward_rows, sigmas = [], [], 0, None
         for begin in range(0, per_rank, chunk):
             span = slice(begin, begin + chunk)
@@ -83,7 +84,7 @@ class DenoisingPolicy:
             else:
                 states, log_probs, sigmas = sample_trajectories(
                     self, sampler, conditions,
-                    initial_generators=sample_generators(request.seed, request.step, Stream.INITIAL_NOISE,
+                    initial_generators=sample_generators(request.seed, request.step, Stream(request.noise_stream),
                                                          noise_ids[span].tolist()),
                     step_generators=sample_generators(request.seed, request.step, Stream.STEP_NOISE,
                                                       request.sample_ids[span].tolist()),
