@@ -7,7 +7,8 @@ Builds the run (``Trainer.setup``), runs ``--warmup`` steps, then times ``--step
 logging). Inside each step it times:
 
 * ``forward``: every call of the trained module (the SD3 transformer, FLUX's, the UNet...; the old policy
-  and EMA weights of NFT/AWM swap into the same module, so their passes count too), by forward hooks;
+  and EMA weights of NFT/AWM swap into the same module, so their passes count too) and of a frozen
+  reference copy of it (a KL term's, in a full fine-tune), by forward hooks;
 * ``backward``: from the module's backward pre-hook (the gradient of its output is ready) to the last
   gradient accumulated into its parameters, per ``backward`` call;
 * what is outside them: ``decode`` (the backbone's latents to media), ``encode`` (prompts to conditions,
@@ -72,14 +73,18 @@ class StepClock:
                 self.seconds[phase] += self.now() - start
         return wrapper
 
-    def watch_module(self, module: torch.nn.Module) -> None:
-        """Time the module's forwards, and its backwards from the output's gradient to the last parameter's."""
+    def watch_forward(self, module: torch.nn.Module) -> None:
+        """Time the module's forwards."""
         starts: list[float] = []
         module.register_forward_pre_hook(lambda *_: starts.append(self.now()))
 
         def forward_done(*_):
             self.seconds["forward"] += self.now() - starts.pop()
         module.register_forward_hook(forward_done)
+
+    def watch_module(self, module: torch.nn.Module) -> None:
+        """Time the module's forwards, and its backwards from the output's gradient to the last parameter's."""
+        self.watch_forward(module)
 
         def backward_begins(*_):
             if self.backward_start is None:
@@ -113,7 +118,10 @@ def measure(config_path: Path, overrides: list[str], steps: int, warmup: int, ou
     clock = StepClock(trainer.accelerator.device)
     for step in range(warmup):
         trainer.train_step(step)
-    clock.watch_module(state.backbone.trainable_module())
+    trained = state.backbone.trainable_module()
+    clock.watch_module(trained)
+    for copy in [m for m in vars(state.backbone).values() if isinstance(m, type(trained)) and m is not trained]:
+        clock.watch_forward(copy)  # a frozen reference copy of the trained model
     state.backbone.decode = clock.timed("decode", state.backbone.decode)
     state.backbone.encode = clock.timed("encode", state.backbone.encode)
     state.backbone.sample_noise = clock.timed("noise", state.backbone.sample_noise)
