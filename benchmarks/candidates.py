@@ -20,7 +20,6 @@ Run on the full-quality sampler of the config (``sampler.name=...`` to change it
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import platform
 import tempfile
@@ -31,28 +30,20 @@ import torch
 
 from gyremedia.candidates import contrastive_subset
 from gyremedia.config import load_config, resolve_config
-from gyremedia.interfaces import RolloutRequest
 from gyremedia.plugins import PluginManager
-from gyremedia.streams import Stream
 from gyremedia.trainer import Trainer
 
 QUICKSTART_GRPO = Path(__file__).resolve().parents[1] / "configs" / "quickstart_grpo.yaml"
 
 
-def pool_rewards(trainer: Trainer, step: int, pool: int, num_steps: int, sampler) -> torch.Tensor:
-    """``[groups, pool]`` rewards of each step-``step`` prompt's candidates sampled ``num_steps`` steps with ``sampler``."""
-    state, r = trainer.state, trainer.core.rollout
-    request = trainer.rollout_request(step)
-    groups = request.group_ids[::r.group_size]
-    keys = (groups[:, None] * pool + torch.arange(pool)).flatten()
-    prompts = [p for p in request.prompts[::r.group_size] for _ in range(pool)]
-    candidates = RolloutRequest(step=step, seed=request.seed, prompts=prompts, sample_ids=keys,
-                                group_ids=groups.repeat_interleave(pool), chunks=pool // r.group_size * request.chunks,
-                                settings=dataclasses.replace(r, num_steps=num_steps, branch_steps=[]), noise_ids=keys,
-                                noise_stream=Stream.CANDIDATES)
-    media = state.backbone.media(state.backbone.collect_rollout(candidates, sampler))
+def pool_rewards(trainer: Trainer, step: int, num_steps: int, sampler) -> torch.Tensor:
+    """``[groups, candidates]`` rewards of each step-``step`` prompt's candidates sampled ``num_steps`` steps
+    with ``sampler`` (the trainer's own candidate pool, :meth:`Trainer.candidate_pool`)."""
+    state = trainer.state
+    pool = trainer.candidate_pool(trainer.rollout_request(step), num_steps)
+    media = state.backbone.media(state.backbone.collect_rollout(pool, sampler))
     reward = trainer.config.rewards[0].name
-    return state.rewards[reward](media, prompts)["score"].double().reshape(len(groups), pool)
+    return state.rewards[reward](media, pool.prompts)["score"].double().reshape(-1, trainer.core.rollout.candidates)
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -70,11 +61,12 @@ def main() -> None:
     args = parser.parse_args()
     pm = PluginManager()
     with tempfile.TemporaryDirectory() as tmp:
-        config = resolve_config(load_config(args.config, [f"run.output_dir={tmp}", *args.overrides]), pm)
+        config = resolve_config(load_config(args.config, [f"run.output_dir={tmp}", f"rollout.candidates={args.pool}",
+                                                          *args.overrides]), pm)
         trainer = Trainer(config, pm)
         state = trainer.setup()
         r = trainer.core.rollout
-        full = torch.cat([pool_rewards(trainer, s, args.pool, r.num_steps, state.sampler) for s in range(args.rollouts)])
+        full = torch.cat([pool_rewards(trainer, s, r.num_steps, state.sampler) for s in range(args.rollouts)])
         rng = torch.Generator().manual_seed(0)
         random = torch.stack([torch.randperm(args.pool, generator=rng)[:r.group_size] for _ in range(len(full))])
         oracle = full.gather(1, contrastive_subset(full, r.group_size)).std(dim=1).mean()
@@ -86,7 +78,7 @@ def main() -> None:
         print("| candidate steps | Spearman cheap vs full | std of the chosen group's full rewards | random group | "
               "oracle's choice | pool NFEs per prompt vs one stage |\n|---|---|---|---|---|---|")
         for steps in args.steps:
-            cheap = torch.cat([pool_rewards(trainer, s, args.pool, steps, trainer.eval_sampler)
+            cheap = torch.cat([pool_rewards(trainer, s, steps, trainer.eval_sampler)
                                for s in range(args.rollouts)])
             rho = np.nanmean([spearman(c, f) for c, f in zip(cheap, full) if c.std() > 0 and f.std() > 0])
             chosen = full.gather(1, contrastive_subset(cheap, r.group_size)).std(dim=1).mean()

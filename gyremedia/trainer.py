@@ -304,28 +304,36 @@ class Trainer:
             rollout.extras["candidate_reward"] = pool_reward
         return rollout
 
+    def candidate_pool(self, request: RolloutRequest, num_steps: int) -> RolloutRequest:
+        """The request of ``rollout.candidates`` candidates per group of ``request``, each from its own initial
+        noise (key ``group * candidates + index`` in the candidate stream), sampled ``num_steps`` steps."""
+        r = self.core.rollout
+        per_group = r.candidates
+        groups = request.group_ids[::r.group_size]
+        keys = (groups[:, None] * per_group + torch.arange(per_group)).flatten()  # unique per group and candidate
+        return RolloutRequest(step=request.step, seed=request.seed,
+                              prompts=[p for p in request.prompts[::r.group_size] for _ in range(per_group)],
+                              sample_ids=keys, group_ids=groups.repeat_interleave(per_group),
+                              chunks=request.chunks * per_group // r.group_size,
+                              settings=dataclasses.replace(r, num_steps=num_steps, branch_steps=[]),
+                              noise_ids=keys, noise_stream=Stream.CANDIDATES)
+
     def choose_candidates(self, request: RolloutRequest) -> float:
         """Sol-RL's first stage: draw ``rollout.candidates`` initial noises per group, sample each with
         ``rollout.candidate_steps`` steps of the eval sampler, score them, and point ``request`` at the noises
         of each group's best and worst (:func:`gyremedia.candidates.contrastive_subset`). Returns the pool's
         mean total reward."""
         state, r = self.state, self.core.rollout
-        per_group = r.candidates
-        groups = request.group_ids[::r.group_size]
-        keys = (groups[:, None] * per_group + torch.arange(per_group)).flatten()  # unique per group and candidate
-        pool = RolloutRequest(step=request.step, seed=request.seed,
-                              prompts=[p for p in request.prompts[::r.group_size] for _ in range(per_group)],
-                              sample_ids=keys, group_ids=groups.repeat_interleave(per_group),
-                              chunks=request.chunks * per_group // r.group_size,
-                              settings=dataclasses.replace(r, num_steps=r.candidate_steps, branch_steps=[]),
-                              noise_ids=keys, noise_stream=Stream.CANDIDATES)
+        pool = self.candidate_pool(request, r.candidate_steps)
         candidates = state.backbone.collect_rollout(pool, self.eval_sampler)
-        media = state.backbone.media(candidates)
-        scored = self.scorer.collect(self.scorer.submit(media, pool.prompts), pool.prompts, request.step)
-        weights = torch.tensor([s.weight for s in self.config.rewards], dtype=torch.float64)
-        totals = torch.stack([scored.components[s.name]["score"].double() for s in self.config.rewards], dim=1) @ weights
-        chosen = contrastive_subset(totals.reshape(len(groups), per_group), r.group_size)
-        request.noise_ids = keys.reshape(len(groups), per_group).gather(1, chosen).flatten()
+        scored = self.scorer.collect(self.scorer.submit(state.backbone.media(candidates), pool.prompts), pool.prompts,
+                                     request.step)
+        candidates.rewards = {name: scores["score"] for name, scores in scored.components.items()}
+        matrix, weights = self.weighted_rewards(candidates)
+        totals = matrix.double() @ weights.double()
+        groups = len(pool.prompts) // r.candidates
+        chosen = contrastive_subset(totals.reshape(groups, r.candidates), r.group_size)
+        request.noise_ids = pool.noise_ids.reshape(groups, r.candidates).gather(1, chosen).flatten()
         request.noise_stream = Stream.CANDIDATES
         return mean_over_ranks(self.accelerator, float(totals.nanmean()))
 
