@@ -1,16 +1,17 @@
 """Which objective learns the quickstart world fastest? NFEs and wall time to a target, per objective.
 
-    python benchmarks/objectives.py [--seeds 0 1 2] [--steps 100] [--baseline-steps 300] [--eval-every 25] [--gain 10]
+    python benchmarks/objectives.py [--seeds 0 1 2] [--jobs 2] [--eval-every 25] [--gain 10] [--objectives ...]
 
-Runs configs/quickstart.yaml once per (objective, seed) from the same base model, counting every
-transformer forward pass per sample (NFEs: sampling, training, old-policy and reference passes;
-evaluation excluded) and the wall time of the training steps (evaluation excluded). Held-out
-accuracy is measured every ``--eval-every`` steps on the quickstart's 256 fixed-seed samples.
-Prints, per objective (mean over seeds): NFEs and seconds to reach base + ``--gain`` points,
-accuracy at the largest NFE budget every run covers, and ratios against ``grpo`` + ``flow_sde``
-measured in the same run. The baseline trains ``--baseline-steps`` (longer, so that it reaches the
-target); a baseline seed that never does counts with its whole run, which makes the ratio a lower
-bound (printed as ">="). Writes the curves to ``--out`` (JSON) and a plot beside it.
+Runs each objective's config (OBJECTIVES: Flow-GRPO's recipe, configs/quickstart_grpo.yaml, is the
+baseline; MixGRPO's window and TreeGRPO's trees on that recipe; DiffusionNFT and AWM on
+configs/quickstart.yaml) once per seed from the same base model, counting every transformer forward
+row (NFEs: sampling, training, old-policy and reference passes; evaluation excluded) and the wall
+time of the training steps (evaluation excluded). Held-out accuracy is measured every
+``--eval-every`` steps on the quickstart's 256 fixed-seed samples. Prints, per objective (mean over
+seeds): NFEs and seconds to reach base + ``--gain`` points, accuracy at the largest NFE budget every
+run covers, and ratios against the baseline measured in the same run. A baseline seed that never
+reaches the target counts with its whole run, which makes a ratio a lower bound (printed as ">=").
+Writes the curves to ``--out`` (JSON) and a plot beside it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import os
 import platform
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 import torch
@@ -29,18 +32,22 @@ from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
-#: objective name -> the overrides that select it (the baseline first).
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+#: objective name -> (config, overrides, default steps); the baseline first: Flow-GRPO's recipe as its code trains it.
+FLOW_GRPO = CONFIGS / "quickstart_grpo.yaml"
 OBJECTIVES = {
-    "grpo": ["objective={name: grpo, clip_range: 0.005, timestep_fraction: 0.3}", "sampler={name: flow_sde, noise_level: 0.7}",
-             "train.learning_rate=2e-4"],
-    "grpo_cps": ["objective={name: grpo, clip_range: 0.005, timestep_fraction: 0.3}", "sampler={name: cps, noise_level: 0.8}",
-                 "train.learning_rate=2e-4"],
-    "tree_grpo_cps": ["objective={name: tree_grpo, clip_range: 0.005, timestep_fraction: 0.3}",
-                      "sampler={name: cps, noise_level: 0.8}", "rollout.branch_steps=[0, 3, 6]", "rollout.branch_width=2",
-                      "train.learning_rate=2e-4"],
-    "nft": ["objective={name: nft}", "sampler={name: ode}", "train.learning_rate=1e-4"],
-    "awm": ["objective={name: awm}", "sampler={name: ode}", "train.learning_rate=1e-4"],
+    "flow_grpo": (FLOW_GRPO, [], 150),
+    # MixGRPO: SDE only inside a 3-step window that moves one index every 25 steps, ODE elsewhere;
+    # every stochastic transition (the window's) is trained.
+    "mixgrpo": (FLOW_GRPO, ["sampler={name: window, noise_level: 0.7, size: 3, schedule: progressive, shift_every: 25}",
+                            "objective.timestep_fraction=1.0"], 150),
+    # TreeGRPO on Flow-GRPO's recipe: the 3 trained transitions are the branch points (8 leaves per tree),
+    # each tree node trained once (dedup), advantages normalised per tree and depth.
+    "tree_grpo": (FLOW_GRPO, ["objective={name: tree_grpo, clip_range: 1.0e-4, transition_selection: first, timestep_fraction: 0.3, "
+                              "skip_zero_advantage: true, dedup: true, normalize_depth: true}",
+                              "rollout.branch_steps=[0, 1, 2]", "rollout.branch_width=2"], 150),
+    "nft": (CONFIGS / "quickstart.yaml", [], 100),
+    "awm": (CONFIGS / "quickstart.yaml", ["objective={name: awm}", "sampler={name: ode}", "train.learning_rate=1e-4"], 100),
 }
 ACCURACY = "eval/shapes_verifier/correct"
 
@@ -77,12 +84,16 @@ class CountingTrainer(Trainer):
         return metrics
 
 
-def run(objective: str, seed: int, steps: int, eval_every: int, out: Path) -> list[dict]:
+def run(objective: str, seed: int, steps: int | None, eval_every: int, out: Path) -> list[dict]:
+    """One training run's evaluation curve (one torch thread, so parallel runs do not share cores)."""
+    torch.set_num_threads(1)
+    config, objective_overrides, default_steps = OBJECTIVES[objective]
+    steps = steps or default_steps
     pm = PluginManager()
     overrides = [f"run.output_dir={out}", f"run.seed={seed}", f"train.steps={steps}", f"eval.every={eval_every}",
                  "export.on_train_end=false", f"checkpoint.every={steps}", "logging.progress=false",
-                 *OBJECTIVES[objective]]
-    trainer = CountingTrainer(resolve_config(load_config(QUICKSTART, overrides), pm), pm)
+                 *objective_overrides]
+    trainer = CountingTrainer(resolve_config(load_config(config, overrides), pm), pm)
     trainer.train()
     return trainer.curve
 
@@ -112,19 +123,17 @@ def cost_to_target(runs: list[list[dict]], target: float, key: str) -> tuple[flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--baseline-steps", type=int, default=300, help="steps of the baseline (the first objective)")
+    parser.add_argument("--steps", type=int, default=None, help="steps of every run (default: each objective's own)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel, one process and one torch thread each")
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--gain", type=float, default=10.0, help="target: base accuracy + this many points")
     parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/objectives.json"))
     args = parser.parse_args()
-    curves: dict[str, list[list[dict]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for objective in args.objectives:
-            steps = args.baseline_steps if objective == args.objectives[0] else args.steps
-            curves[objective] = [run(objective, seed, steps, args.eval_every, Path(tmp) / f"{objective}-{seed}")
-                                 for seed in args.seeds]
+    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+        futures = {objective: [pool.submit(run, objective, seed, args.steps, args.eval_every, Path(tmp) / f"{objective}-{seed}")
+                               for seed in args.seeds] for objective in args.objectives}
+        curves = {objective: [f.result() for f in runs] for objective, runs in futures.items()}
     base = curves[args.objectives[0]][0][0]["accuracy"]
     target = base + args.gain / 100
     baseline = args.objectives[0]
@@ -146,8 +155,9 @@ def main() -> None:
     plot(curves, target, args.out.with_suffix(".png"))
 
     print(f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads){'' if not torch.accelerator.is_available() else ', ' + str(torch.accelerator.current_accelerator())}")
-    print(f"quickstart world, seeds {args.seeds}, {args.steps} steps ({baseline}: {args.baseline_steps}), eval every "
+          f"(one thread per run){'' if not torch.accelerator.is_available() else ', ' + str(torch.accelerator.current_accelerator())}")
+    steps = {o: runs[0][-1]["step"] for o, runs in curves.items()}
+    print(f"quickstart world, seeds {args.seeds}, steps {steps}, {args.jobs} run(s) in parallel, eval every "
           f"{args.eval_every}; base held-out accuracy {100 * base:.1f}%, target {100 * target:.1f}%, NFE budget "
           f"{budget:,} (the largest every run covers)")
     ref = rows[baseline]
