@@ -473,13 +473,15 @@ def test_a_second_signal_exits_at_once(make_config, monkeypatch):
     exits = []
     monkeypatch.setattr(trainer_module.os, "_exit", exits.append)
     trainer = Trainer(make_config(), None)
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the shell started pytest in the background
     with trainer._signals_handled():
         handler = signal.getsignal(signal.SIGINT)
+        assert handler is not before
         handler(signal.SIGINT, None)
         assert trainer._signal == signal.SIGINT and exits == []
         handler(signal.SIGINT, None)
     assert exits == [130]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after the run
+    assert signal.getsignal(signal.SIGINT) is before  # restored after the run
 
 
 def test_a_plugin_takes_the_rollout_stage_over_and_may_defer_to_the_policy(make_config):
