@@ -161,7 +161,7 @@ def main() -> None:
           f"{args.eval_every}; base held-out accuracy {100 * base:.1f}%, target {100 * target:.1f}%, NFE budget "
           f"{budget:,} (the largest every run covers)")
     ref = rows[baseline]
-    print("| objective | reached target | NFEs to target | vs grpo | seconds to target | vs grpo | accuracy at budget | diversity |")
+    print(f"| objective | reached target | NFEs to target | vs {baseline} | seconds to target | vs {baseline} | accuracy at budget | diversity |")
     print("|---|---|---|---|---|---|---|---|")
     for objective, row in rows.items():
         def ratio(key):
