@@ -148,6 +148,8 @@ def main() -> None:
             "reached": sum(first_reaching(c, target, "nfe") is not None for c in runs),
             "accuracy_at_budget": sum(accuracy_at(c, budget) for c in runs) / len(runs),
             "final_diversity": sum(c[-1]["diversity"] for c in runs) / len(runs),
+            "nfe_per_step": sum(c[-1]["nfe"] / c[-1]["step"] for c in runs) / len(runs),
+            "final_gains": [c[-1]["accuracy"] - c[0]["accuracy"] for c in runs],
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"target": target, "base": base, "budget_nfe": budget, "rows": rows,
@@ -161,8 +163,9 @@ def main() -> None:
           f"{args.eval_every}; base held-out accuracy {100 * base:.1f}%, target {100 * target:.1f}%, NFE budget "
           f"{budget:,} (the largest every run covers)")
     ref = rows[baseline]
-    print(f"| objective | reached target | NFEs to target | vs {baseline} | seconds to target | vs {baseline} | accuracy at budget | diversity |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"| objective | reached target | NFEs to target | vs {baseline} | seconds to target | vs {baseline} | NFEs per step "
+          f"| accuracy at budget | gain at the end (per seed, points) | diversity |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for objective, row in rows.items():
         def ratio(key):
             if row[key] is None:
@@ -172,7 +175,8 @@ def main() -> None:
         nfe = f"{row['nfe_to_target']:,.0f}" if row["nfe_to_target"] is not None else "not in every seed"
         sec = f"{row['seconds_to_target']:.0f} s" if row["seconds_to_target"] is not None else "not in every seed"
         print(f"| {objective} | {row['reached']}/{len(args.seeds)} | {nfe} | {ratio('nfe_to_target')} | {sec} | "
-              f"{ratio('seconds_to_target')} | {100 * row['accuracy_at_budget']:.1f}% | {row['final_diversity']:.3f} |")
+              f"{ratio('seconds_to_target')} | {row['nfe_per_step']:.0f} | {100 * row['accuracy_at_budget']:.1f}% | "
+              f"{' / '.join(f'{100 * g:+.1f}' for g in row['final_gains'])} | {row['final_diversity']:.3f} |")
     print("per-seed held-out accuracy (%) at each evaluation:")
     for objective, runs in curves.items():
         print(f"  {objective}: " + " | ".join(" ".join(f"{100 * p['accuracy']:.1f}" for p in c) for c in runs))

@@ -160,6 +160,7 @@ class Trainer:
         # With async scoring: the next step's rollout, sampled and being scored. Not checkpointed: a
         # resumed run samples it again with the restored policy.
         self._pending: dict[int, tuple[Rollout, dict[str, Any], float]] = {}
+        self._group_prompts: dict[int, list[str]] = {}  # drawn once per step (see group_prompts)
         self._base_metrics: dict[str, float] | None = None  # the step-0 evaluation (not kept across a resume)
         self._last_save: tuple[int, float] | None = None  # (step, monotonic time) of the last checkpoint
         self._nonfinite_skipped = 0
@@ -277,10 +278,19 @@ class Trainer:
         start = self.accelerator.process_index * per_rank
         return start, per_rank
 
+    def group_prompts(self, step: int) -> list[str]:
+        """The prompt of every group of step ``step`` (the same draw on every rank), drawn once: the rollout,
+        the next step's prompt prefetch and the per-prompt advantage history all read it."""
+        if step not in self._group_prompts:
+            r = self.core.rollout
+            self._group_prompts = {s: p for s, p in self._group_prompts.items() if s >= step - 1}
+            self._group_prompts[step] = self.prompts.groups_for_step(self.core.run.seed, step, r.batch_size // r.group_size)
+        return self._group_prompts[step]
+
     def rollout_request(self, step: int) -> RolloutRequest:
         """This rank's share of step ``step``: its prompts (the same draw on every rank), ids and chunks."""
         r = self.core.rollout
-        group_prompts = self.prompts.groups_for_step(self.core.run.seed, step, r.batch_size // r.group_size)
+        group_prompts = self.group_prompts(step)
         start, per_rank = self._rank_slice()
         sample_ids = torch.arange(start, start + per_rank)
         group_ids = sample_ids // r.group_size
@@ -378,11 +388,11 @@ class Trainer:
         return matrix, weights
 
     def compute_advantages(self, rollout: Rollout, step: int) -> dict[str, float]:
-        adv, r = self.core.advantage, self.core.rollout
+        adv = self.core.advantage
         matrix, weights = self.weighted_rewards(rollout)
         normalize = None
         if self.stat_tracker is not None:  # DDPO's per-prompt history: keyed by the prompt, not the step's group
-            prompts = self.prompts.groups_for_step(self.core.run.seed, step, r.batch_size // r.group_size)
+            prompts = self.group_prompts(step)
             normalize = lambda totals, groups: self.stat_tracker(totals, [prompts[g] for g in groups.tolist()])  # noqa: E731
         rollout.advantages, totals, groups = distributed_group_advantages(
             self.accelerator, matrix, weights, rollout.group_ids, rollout.sample_ids, adv.combine, adv.std, adv.eps,
@@ -476,7 +486,7 @@ class Trainer:
         state = self.state
         rollout, futures, sampling = self._pending.pop(step, None) or self._sample_and_submit(step)
         prefetch = getattr(state.backbone, "prefetch", None)  # a backbone may encode the next prompts meanwhile
-        if callable(prefetch) and step + 1 < self.core.train.steps:
+        if callable(prefetch) and step + 1 < self.core.train.steps:  # the draw is cached for the rollout itself
             prefetch(self.rollout_request(step + 1).prompts)
         times = {"time/rollout": sampling}
         if self.core.rollout.async_scoring and step + 1 < self.core.train.steps:

@@ -89,6 +89,19 @@ def test_prompts_encoded_ahead_in_a_thread_change_no_number(make_config, tmp_pat
     assert runs[0] == runs[1]
 
 
+def test_each_steps_prompts_are_drawn_once(make_config, tmp_path, monkeypatch):
+    """The rollout, the prefetch of the next step's prompts and DDPO's per-prompt history read one draw."""
+    trainer = Trainer(make_config("train.steps=3", "advantage.history=4", "advantage.min_count=2"), PluginManager())
+    trainer.setup()
+    drawn = []
+    original = trainer.prompts.groups_for_step
+    monkeypatch.setattr(trainer.prompts, "groups_for_step", lambda seed, step, n: drawn.append(step) or original(seed, step, n))
+    for step in range(3):
+        trainer.train_step(step)
+    trainer.scorer.close()
+    assert drawn == [0, 1, 2]
+
+
 def test_resume_after_a_crash_drops_metrics_logged_after_the_checkpoint(tiny_yaml, tmp_path):
     run = tmp_path / "crashed"
     assert main(["train", str(tiny_yaml), f"run.output_dir={run}", "train.steps=3", "checkpoint.every=2"]) == 0

@@ -13,9 +13,9 @@ to the stock pipeline) is :mod:`gyremedia.backbones.diffusers_flow`'s.
 Noise convention: the scheduler's variance-preserving forward process
 ``x = sqrt(alpha_bar) x0 + sqrt(1 - alpha_bar) eps`` (``scheduler.add_noise``), with the noise level reported
 as ``sigma = sqrt(1 - alpha_bar)``: :meth:`DiffusionBackbone.sigmas` gives DDIM's levels for the stock
-pipeline's timesteps, :meth:`DiffusionBackbone.predict` returns the noise ``eps`` (the ``ddim_eta`` sampler's
-input) whatever the UNet predicts (``prediction_type`` of the scheduler's config: ``epsilon``,
-``v_prediction`` or ``sample``), converted by :func:`split_prediction`. The UNet is evaluated at the
+pipeline's timesteps, :meth:`DiffusionBackbone.predict` returns diffusers' ``v = sqrt(alpha_bar) eps - sigma x0``
+(the ``ddim_eta`` sampler's input, defined at pure noise too) whatever the UNet predicts (``prediction_type``
+of the scheduler's config: ``epsilon``, ``v_prediction`` or ``sample``), converted by :func:`split_prediction`. The UNet is evaluated at the
 fractional timestep whose ``sigma`` that is (linear between the scheduler's table entries; exact at them).
 
 The forward-process objectives (nft, awm, vgrpo, pairwise) train on the flow path ``x_t = (1 - t) x0 + t eps``;
@@ -94,7 +94,7 @@ class DiffusionBackbone(DiffusersFlowPolicy):
     media_kind = "image"
     pipeline_class = "StableDiffusionPipeline"
     denoiser_component = "unet"
-    prediction = "epsilon"  # what predict() returns, whatever the UNet predicts (see split_prediction)
+    prediction = "v_prediction"  # what predict() returns, whatever the UNet predicts (see split_prediction)
 
     def __init__(self, options: DiffusionOptions, context: BuildContext) -> None:
         super().__init__(options, context)
@@ -153,11 +153,15 @@ class DiffusionBackbone(DiffusersFlowPolicy):
 
     def predict(self, x: torch.Tensor, sigma: torch.Tensor, conditions: dict[str, torch.Tensor],
                 guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
-        """The noise ``eps`` at VP states ``x`` of level ``sigma = sqrt(1 - alpha_bar)`` (classifier-free guidance
-        combines the UNet's outputs, as the stock pipeline does; the conversion to ``eps`` is linear, so it
-        commutes)."""
+        """``v = sqrt(alpha_bar) eps - sigma x0`` at VP states ``x`` of level ``sigma = sqrt(1 - alpha_bar)``
+        (classifier-free guidance combines the UNet's outputs, as the stock pipeline does; the conversion to
+        ``v`` is linear, so it commutes). A v-prediction UNet's output is returned as it is."""
         output = super().predict(x, sigma, conditions, guidance_scale, reference=reference)
-        return split_prediction(output, x, sigma, self.prediction_type)[0]
+        if self.prediction_type == "v_prediction":
+            return output
+        eps, x0 = split_prediction(output, x, sigma, self.prediction_type)
+        sigma = per_sample(sigma.float().reshape(-1), eps)
+        return (1 - sigma**2).sqrt() * eps.float() - sigma * x0.float()
 
     def flow_velocity(self, x: torch.Tensor, t: torch.Tensor, conditions: dict[str, torch.Tensor],
                       guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:

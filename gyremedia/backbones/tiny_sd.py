@@ -41,6 +41,8 @@ class TinySDOptions:
     words: list[str] = option(default_factory=lambda: list(DEFAULT_WORDS), help="whole-word tokens")
     prediction_type: Literal["epsilon", "v_prediction"] = option("epsilon", help="what the UNet predicts "
                                                                                  "(the scheduler's prediction_type)")
+    zero_terminal_snr: bool = option(False, help="rescale the betas so the last timestep is pure noise and space "
+                                                 "the sampling steps from it (SD 2.x-style; needs v_prediction)")
     seed: int = option(0, ge=0, help="seed of the random weights")
 
     def validate(self) -> None:
@@ -49,6 +51,9 @@ class TinySDOptions:
         if self.latent_size % 2 ** (len(self.unet_channels) - 1):
             raise OptionError("latent_size", f"must be a multiple of {2 ** (len(self.unet_channels) - 1)} "
                                              "(one halving per extra unet_channels entry)")
+        if self.zero_terminal_snr and self.prediction_type == "epsilon":
+            raise OptionError("zero_terminal_snr", "pure noise has no epsilon to predict: set prediction_type: "
+                                                   "v_prediction")
 
 
 @dataclass
@@ -60,13 +65,17 @@ class TinySDXLOptions(TinySDOptions):
                                                "(the UNet's addition_time_embed_dim)")
 
 
-def sd_scheduler(prediction_type: str = "epsilon"):
+def sd_scheduler(prediction_type: str = "epsilon", zero_terminal_snr: bool = False):
     """Stable Diffusion 1.x's DDIM scheduler: scaled-linear betas 0.00085 .. 0.012 over 1000 steps, the
-    "leading" spacing with offset 1, no clipping, and the last step to ``alpha_bar[0]`` (not to 1)."""
+    "leading" spacing with offset 1, no clipping, and the last step to ``alpha_bar[0]`` (not to 1). With
+    ``zero_terminal_snr`` the betas are rescaled so ``alpha_bar`` reaches 0 at the last timestep and sampling
+    starts there ("trailing" spacing), as Lin et al. (2024, "Common Diffusion Noise Schedules and Sample Steps
+    are Flawed") fix SD's schedule, whose last timestep leaves 0.07 of the signal."""
     from diffusers import DDIMScheduler
 
+    spacing = {"rescale_betas_zero_snr": True, "timestep_spacing": "trailing"} if zero_terminal_snr else {}
     return DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                         set_alpha_to_one=False, steps_offset=1, prediction_type=prediction_type)
+                         set_alpha_to_one=False, steps_offset=1, prediction_type=prediction_type, **spacing)
 
 
 def build_tiny_sd_unet(options: TinySDOptions):
@@ -117,7 +126,7 @@ def build_tiny_sd_pipeline(options: TinySDOptions, vae=None):
     for part in (text_encoder, text_encoder_2, unet, vae):  # built from configs a part is in training mode
         if part is not None:
             part.eval()
-    scheduler = sd_scheduler(options.prediction_type)
+    scheduler = sd_scheduler(options.prediction_type, options.zero_terminal_snr)
     if xl:
         return StableDiffusionXLPipeline(vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
                                          tokenizer=tokenizer, tokenizer_2=build_clip_tokenizer(options.words,

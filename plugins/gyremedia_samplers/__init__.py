@@ -22,6 +22,6 @@ def gyremedia_register_samplers(register):
     register("ode", EulerODESampler,
              description="deterministic Euler step of the flow ODE (evaluation, forward-process objectives)")
     register("ddim_eta", DDIMEtaSampler, options=DDIMEtaOptions,
-             description="DDPO's DDIM-eta step for epsilon-prediction diffusion backbones; Gaussian log-prob per step")
+             description="DDPO's DDIM-eta step for variance-preserving diffusion backbones (v predictions); Gaussian log-prob per step")
     register("heun", HeunODESampler,
              description="Heun's second-order ODE step (2 model evaluations per step); forward-process objectives")

@@ -7,7 +7,9 @@
 UNet trained with the epsilon-prediction loss on ``scheduler.add_noise`` states (DDPM timesteps drawn
 uniformly), DDIM for evaluation, and by default the already trained autoencoder of ``--vae-from`` (its
 ``shift_factor`` dropped: Stable Diffusion's pipelines only scale latents, so the diffusion model learns
-latents with their small mean).
+latents with their small mean). ``--family diffusion_zero_snr`` trains the same UNet on v-prediction with
+betas rescaled to a zero terminal SNR and "trailing" DDIM spacing (SD 2.x-style; not shipped, see
+docs/benchmarks.md).
 
 Stage 1 trains the tiny AutoencoderKL to reconstruct renders; stage 2 trains the SD3 transformer and
 both CLIP text encoders with the rectified-flow loss on its latents (AdamW, EMA). Timesteps are drawn
@@ -164,8 +166,13 @@ class DiffusionFamily:
     text_encoders = ("text_encoder",)
     eval_arguments: dict = {}
 
+    def __init__(self, prediction_type: str = "epsilon", zero_terminal_snr: bool = False) -> None:
+        self.schedule = {"prediction_type": prediction_type, "zero_terminal_snr": zero_terminal_snr}
+
     def build(self, seed: int):
-        return build_tiny_sd_pipeline(TinySDOptions(**{**DIFFUSION_MODEL.__dict__, "seed": seed}))
+        options = TinySDOptions(**{**DIFFUSION_MODEL.__dict__, **self.schedule, "seed": seed})
+        options.validate()
+        return build_tiny_sd_pipeline(options)
 
     def loss(self, pipe, x0: torch.Tensor, prompts: list[str], timesteps: str) -> torch.Tensor:
         if timesteps != "uniform":
@@ -181,7 +188,8 @@ class DiffusionFamily:
 
 
 #: ``--family``: what is pretrained (the VAE stage and the loop are shared)
-FAMILIES = {"flow": FlowFamily(), "diffusion": DiffusionFamily()}
+FAMILIES = {"flow": FlowFamily(), "diffusion": DiffusionFamily(),
+            "diffusion_zero_snr": DiffusionFamily("v_prediction", zero_terminal_snr=True)}
 
 
 def load_vae(pipe, folder: Path, prompts: list[str], rng: np.random.Generator) -> None:
@@ -240,7 +248,7 @@ def pretrain(out: Path, steps: int, vae_steps: int, seed: int, batch: int, lr: f
             ema.swap()
             for m in modules:
                 m.eval()
-            record = {"step": step, "minutes": (time.time() - started) / 60, "loss": float(loss),
+            record = {"step": step, "minutes": (time.time() - started) / 60, "loss": loss.item(),
                       "heldout": evaluate(pipe, heldout_prompts, eval_samples, arguments=kind.eval_arguments),
                       "train": evaluate(pipe, train_prompts, eval_samples, arguments=kind.eval_arguments)}
             history.append(record)
@@ -275,7 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="pipeline folder to write")
     parser.add_argument("--family", choices=sorted(FAMILIES), default="flow",
-                        help="flow: the SD3 pipeline; diffusion: the SD-1.x-style UNet pipeline")
+                        help="flow: the SD3 pipeline; diffusion: the SD-1.x-style UNet pipeline; diffusion_zero_snr: "
+                             "the same with v-prediction and a zero-terminal-SNR schedule (SD 2.x-style)")
     parser.add_argument("--vae-from", type=Path, default=None,
                         help="take the trained autoencoder of this pipeline folder instead of training one")
     parser.add_argument("--steps", type=int, default=1500, help="denoiser training steps")

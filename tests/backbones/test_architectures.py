@@ -1,5 +1,5 @@
 """Every diffusers architecture through the whole core, on its tiny random-weight replica: 2 steps of GRPO
-(flow_sde; ddim_eta for the epsilon-predicting diffusion UNet) and of NFT (ode; deterministic DDIM for the
+(flow_sde; ddim_eta for the variance-preserving diffusion UNets) and of NFT (ode; deterministic DDIM for the
 UNet; interrupted after one step and resumed), then the export round trip: the stock pipeline class, in a process that never imports gyremedia, loads the exported folder with no
 other argument and generates what our own sampler generates from the trained weights."""
 
@@ -57,9 +57,9 @@ assert not ours, f"the exported pipeline must load without gyremedia, but {ours}
 
 
 def ours(backbone) -> np.ndarray:
-    """What our Euler ODE sampler (deterministic DDIM for an epsilon backbone) generates for PROMPTS with the
+    """What our Euler ODE sampler (deterministic DDIM for a diffusion UNet) generates for PROMPTS with the
     noise of SEEDS."""
-    deterministic = DDIMEtaSampler(DDIMEtaOptions(eta=0.0)) if backbone.prediction == "epsilon" else None
+    deterministic = DDIMEtaSampler(DDIMEtaOptions(eta=0.0)) if backbone.prediction == DDIMEtaSampler.prediction else None
     return ode_samples(backbone, PROMPTS, SEEDS, STEPS, 1.0, sampler=deterministic).data.numpy()
 
 

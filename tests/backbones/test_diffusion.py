@@ -53,14 +53,19 @@ def stock(backbone: DiffusionBackbone, num_steps: int, guidance_scale: float) ->
                              **backbone.generation_arguments()).images
 
 
-# (backbone, prediction type): SD 1.x/2.x with either parameterisation, and SDXL
-VARIANTS = [("diffusion", "epsilon"), ("diffusion", "v_prediction"), ("diffusion_xl", "epsilon")]
+# (backbone, tiny pipeline): SD 1.x/2.x with either parameterisation, a zero-terminal-SNR schedule, and SDXL
+VARIANTS = [
+    pytest.param("diffusion", {"prediction_type": "epsilon"}, id="sd-epsilon"),
+    pytest.param("diffusion", {"prediction_type": "v_prediction"}, id="sd-v"),
+    pytest.param("diffusion", {"prediction_type": "v_prediction", "zero_terminal_snr": True}, id="sd-v-zero-snr"),
+    pytest.param("diffusion_xl", {"prediction_type": "epsilon"}, id="sdxl-epsilon"),
+]
 
 
-@pytest.mark.parametrize("name,prediction", VARIANTS)
+@pytest.mark.parametrize("name,tiny", VARIANTS)
 @pytest.mark.parametrize("guidance_scale", [1.0, 4.0])
-def test_our_ddim_equals_the_stock_pipeline(name, prediction, guidance_scale):
-    backbone = build(name, tiny={"prediction_type": prediction})
+def test_our_ddim_equals_the_stock_pipeline(name, tiny, guidance_scale):
+    backbone = build(name, tiny=tiny)
     expected = stock(backbone, 4, guidance_scale)
     torch.testing.assert_close(ours(backbone, 4, guidance_scale), expected, atol=2e-4, rtol=0)
     assert expected.shape == (2, 3, 16, 16)
@@ -93,6 +98,22 @@ def test_sigmas_and_timesteps_are_the_schedulers():
         # the UNet sees exactly the pipeline's integer timesteps at these levels
         assert torch.equal(backbone.model_timestep(sigmas[:-1]), scheduler.timesteps.float())
     assert backbone.model_timestep(torch.tensor([0.0, 1.0])).tolist() == [0.0, 999.0]  # clamped to the trained range
+
+
+def test_a_zero_terminal_snr_schedule_starts_from_pure_noise_where_the_unet_is_defined():
+    """Rescaled betas (Lin et al.): the first DDIM level is sigma = 1 (the UNet's timestep 999), where a
+    v-prediction UNet still says what the clean sample is: ``flow_velocity`` at t = 1 is ``x - x0``."""
+    backbone = build(tiny={"prediction_type": "v_prediction", "zero_terminal_snr": True})
+    sigmas = backbone.sigmas(10)
+    assert sigmas[0] == 1 and torch.all(sigmas[1:] < sigmas[:-1])
+    assert backbone.model_timestep(sigmas[:1]).tolist() == [999.0]
+    x, conditions = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0)), backbone.encode(PROMPTS)
+    v = backbone.predict(x, sigmas[0], conditions)  # at pure noise v = -x0
+    torch.testing.assert_close(backbone.flow_velocity(x, torch.ones(2), conditions), x + v, atol=1e-5, rtol=0)
+    from gyremedia.backbones.tiny_sd import TinySDOptions
+
+    errors = [str(e) for e in validate(TinySDOptions(zero_terminal_snr=True))]  # an epsilon UNet cannot
+    assert len(errors) == 1 and "zero_terminal_snr" in errors[0] and "v_prediction" in errors[0]
 
 
 @pytest.mark.parametrize("prediction", [*PREDICTIONS, "sample"])
@@ -140,9 +161,9 @@ def test_flow_velocity_of_an_exact_unet_is_the_flow_target(prediction):
     torch.testing.assert_close(seen["sample"], alpha * x0 + sigma.view(-1, 1, 1, 1) * eps, atol=1e-5, rtol=0)
     # the fractional timestep sits at the state's level in the scheduler's table
     torch.testing.assert_close(backbone._timestep_sigmas[seen["timestep"].round().long()], sigma, atol=2e-3, rtol=0)
-    # and predict() gives the sampler the noise on VP states, from either parameterisation
-    torch.testing.assert_close(backbone.predict(seen["sample"], sigma, backbone.encode(PROMPTS[:1] * 3)), eps,
-                               atol=1e-5, rtol=0)
+    # and predict() gives the sampler diffusers' v on VP states, from either parameterisation
+    torch.testing.assert_close(backbone.predict(seen["sample"], sigma, backbone.encode(PROMPTS[:1] * 3)),
+                               alpha * eps - sigma.view(-1, 1, 1, 1) * x0, atol=1e-5, rtol=0)
 
 
 def rollout_of(backbone, sampler, steps: int = 4, guidance_scale: float = 1.0) -> Rollout:
@@ -156,9 +177,9 @@ def rollout_of(backbone, sampler, steps: int = 4, guidance_scale: float = 1.0) -
                    advantages=torch.tensor([1.0, -1.0, -1.0, 1.0]))
 
 
-@pytest.mark.parametrize("name,prediction", VARIANTS)
-def test_replayed_ddim_log_probs_equal_the_rollouts_and_the_on_policy_ratio_is_one(name, prediction):
-    backbone = build(name, tiny={"prediction_type": prediction}, lora={"enabled": True})
+@pytest.mark.parametrize("name,tiny", VARIANTS)
+def test_replayed_ddim_log_probs_equal_the_rollouts_and_the_on_policy_ratio_is_one(name, tiny):
+    backbone = build(name, tiny=tiny, lora={"enabled": True})
     sampler = DDIMEtaSampler(DDIMEtaOptions(eta=1.0))  # DDPO's
     rollout = rollout_of(backbone, sampler, guidance_scale=3.0)
     assert torch.isfinite(rollout.log_probs).all()  # eta = 1: every step stochastic (SD's last goes to alpha_bar[0])
@@ -224,10 +245,10 @@ def stock_in_fresh_process(backbone, folder: Path, lora: Path | None, out: Path,
     return np.load(out)
 
 
-@pytest.mark.parametrize("name,prediction", VARIANTS)
-def test_exports_merged_and_lora_alone_round_trip_through_stock_diffusers(tmp_path, name, prediction):
+@pytest.mark.parametrize("name,tiny", VARIANTS)
+def test_exports_merged_and_lora_alone_round_trip_through_stock_diffusers(tmp_path, name, tiny):
     base_folder = tmp_path / "base"
-    build(name, tiny={"prediction_type": prediction}).save_pretrained(base_folder)
+    build(name, tiny=tiny).save_pretrained(base_folder)
     backbone = build(name, pretrained=str(base_folder), lora={"enabled": True})
     with torch.no_grad():  # lora_B starts at zero: make the adapters change the images
         for key, p in backbone.transformer.named_parameters():
@@ -249,11 +270,11 @@ def test_exports_merged_and_lora_alone_round_trip_through_stock_diffusers(tmp_pa
     assert backbone.pipeline_class in readme and "load_lora_weights" in readme and "height=16" in readme
 
 
-def test_the_config_pairs_the_diffusion_backbone_with_epsilon_samplers(make_config):
+def test_the_config_pairs_the_diffusion_backbone_with_vp_samplers(make_config):
     from gyremedia.config import ConfigError
 
     with pytest.raises(ConfigError, match="sampler 'flow_sde' steps on velocity predictions, but backbone "
-                                          "'diffusion' predicts epsilon: choose one of ddim_eta"):
+                                          "'diffusion' predicts v_prediction: choose one of ddim_eta"):
         make_config("backbone={name: diffusion}", "sampler={name: flow_sde}")
     config = make_config("backbone={name: diffusion}", "sampler={name: ddim_eta}", "objective={name: nft}",
                          "eval.sampler={name: ddim_eta, eta: 0.0}")

@@ -1,4 +1,4 @@
-"""Deterministic ODE solvers (Euler, Heun) and DDPO's DDIM-eta step for epsilon-prediction backbones."""
+"""Deterministic ODE solvers (Euler, Heun) and DDPO's DDIM-eta step for variance-preserving (v-prediction) backbones."""
 
 from __future__ import annotations
 
@@ -61,29 +61,38 @@ def test_heun_evaluates_twice_per_step_except_the_last_to_zero():
         HeunODESampler().step(torch.ones(1, 3), torch.ones(1, 3), torch.tensor([1.0, 0.5, 0.0]), 0)
 
 
-def ddim_schedule(steps: int) -> tuple[DDIMScheduler, torch.Tensor]:
-    """Stable Diffusion's DDIM scheduler and our noise levels for its timesteps: sqrt(1 - alpha_bar)."""
+def ddim_schedule(steps: int, zero_terminal_snr: bool = False) -> tuple[DDIMScheduler, torch.Tensor]:
+    """Stable Diffusion's DDIM scheduler (v-prediction; with ``zero_terminal_snr`` rescaled to reach pure noise,
+    trailing spacing) and our noise levels for its timesteps: sqrt(1 - alpha_bar)."""
+    spacing = {"rescale_betas_zero_snr": True, "timestep_spacing": "trailing"} if zero_terminal_snr else {}
     scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                              set_alpha_to_one=False)
+                              set_alpha_to_one=False, prediction_type="v_prediction", **spacing)
     scheduler.set_timesteps(steps)
     alpha_bars = torch.stack([*scheduler.alphas_cumprod[scheduler.timesteps], scheduler.final_alpha_cumprod])
     return scheduler, (1 - alpha_bars).sqrt()
 
 
-@pytest.mark.parametrize("eta", [0.0, 0.5, 1.0])
-def test_ddim_eta_matches_diffusers_and_replays_its_log_probs(eta):
-    scheduler, sigmas = ddim_schedule(10)
+@pytest.mark.parametrize("eta,zero_terminal_snr", [(0.0, False), (0.5, False), (1.0, False), (1.0, True)])
+def test_ddim_eta_matches_diffusers_and_replays_its_log_probs(eta, zero_terminal_snr):
+    scheduler, sigmas = ddim_schedule(10, zero_terminal_snr)
+    assert (sigmas[0] == 1) == zero_terminal_snr  # the rescaled schedule starts from pure noise
     sampler = DDIMEtaSampler(DDIMEtaOptions(eta=eta))
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 4, 8, 8, generator=g)
     stochastic = 0
     for i, timestep in enumerate(scheduler.timesteps):
-        eps = 0.5 * x + torch.randn(x.shape, generator=g)  # any epsilon prediction
+        v = 0.5 * x + torch.randn(x.shape, generator=g)  # any v prediction
         noise = torch.randn(x.shape, generator=g)
-        ours = sampler.step(x, eps, sigmas, i, noise=noise)
-        theirs = scheduler.step(eps, timestep, x, eta=eta, variance_noise=noise).prev_sample
-        torch.testing.assert_close(ours.next_state, theirs, rtol=1e-5, atol=1e-5)
-        replayed = sampler.step(x, eps, sigmas, i, next_state=ours.next_state)
+        ours = sampler.step(x, v, sigmas, i, noise=noise)
+        theirs = scheduler.step(v, timestep, x, eta=eta, variance_noise=noise).prev_sample
+        if sigmas[i] == 1:  # from pure noise: x0 = -v; DDPM's posterior leaves no deterministic direction
+            alpha_prev = 1 - sigmas[i + 1] ** 2
+            torch.testing.assert_close(ours.next_state, -alpha_prev.sqrt() * v + sigmas[i + 1] * noise, rtol=0, atol=1e-6)
+            # diffusers takes the square root of 1 - a' - std^2, whose rounding error is about 1e-7 here
+            torch.testing.assert_close(ours.next_state, theirs, rtol=0, atol=3e-3)
+        else:
+            torch.testing.assert_close(ours.next_state, theirs, rtol=1e-5, atol=1e-5)
+        replayed = sampler.step(x, v, sigmas, i, next_state=ours.next_state)
         if ours.std == 0:
             assert torch.isnan(ours.log_prob).all()  # deterministic: nothing for a ratio to train
         else:
@@ -91,24 +100,24 @@ def test_ddim_eta_matches_diffusers_and_replays_its_log_probs(eta):
             assert torch.isfinite(ours.log_prob).all()
             torch.testing.assert_close(replayed.log_prob, ours.log_prob, rtol=0, atol=1e-5)
         x = ours.next_state
-    # eta = 0 is deterministic DDIM; otherwise every step but diffusers' last (timestep 0 to alpha_bar_0,
-    # the same level) injects noise
-    assert stochastic == (0 if eta == 0 else 9)
+    # eta = 0 is deterministic DDIM; otherwise every step injects noise but diffusers' last with leading spacing
+    # (timestep 0 to alpha_bar_0, the same level)
+    assert stochastic == (0 if eta == 0 else 10 if zero_terminal_snr else 9)
 
 
 def test_ddim_eta_log_prob_is_the_gaussian_density():
     _, sigmas = ddim_schedule(4)
     sampler = DDIMEtaSampler(DDIMEtaOptions(eta=1.0))
-    x, eps = torch.randn(3, 5), torch.randn(3, 5)
-    step = sampler.step(x, eps, sigmas, 1, noise=torch.randn(3, 5))
+    x, v = torch.randn(3, 5), torch.randn(3, 5)
+    step = sampler.step(x, v, sigmas, 1, noise=torch.randn(3, 5))
     density = torch.distributions.Normal(step.mean, step.std).log_prob(step.next_state).mean(dim=1)
     torch.testing.assert_close(step.log_prob, density, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="alpha_bar"):
-        sampler.step(x, eps, torch.tensor([1.0, 0.5]), 0, noise=torch.randn(3, 5))
+        sampler.step(x, v, torch.tensor([1.5, 0.5]), 0, noise=torch.randn(3, 5))
 
 
 def test_an_epsilon_sampler_on_a_velocity_backbone_fails_at_config_time(make_config):
-    with pytest.raises(ConfigError, match="sampler 'ddim_eta' steps on epsilon predictions, but backbone "
+    with pytest.raises(ConfigError, match="sampler 'ddim_eta' steps on v_prediction predictions, but backbone "
                                           "'flow_matching' predicts velocity: choose one of .*flow_sde"):
         make_config("sampler={name: ddim_eta}")
     with pytest.raises(ConfigError, match="eval.sampler 'ddim_eta'"):
