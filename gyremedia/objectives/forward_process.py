@@ -188,10 +188,19 @@ class ForwardProcessObjective:
             raise ValueError(f"{self.name} needs a rollout with advantages")
         step, levels = self._levels
         batch = noised_batch(rollout, levels[micro_step], self.seed, step, micro_step, self._keys(rollout))
+        v = ctx.backbone.flow_velocity(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
+        if self.old_is_current(ctx):
+            return batch, v, v.detach()
         with torch.no_grad(), self.old.swapped_in(ctx.backbone.trainable_module()):
             v_old = ctx.backbone.flow_velocity(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
-        v = ctx.backbone.flow_velocity(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
         return batch, v, v_old
+
+    def old_is_current(self, ctx) -> bool:
+        """Whether the old weights are the ones being trained: with decay 0 they are set to the trained weights
+        after every step (exactly: ``lerp`` with weight 1), and with one update per rollout no optimizer step
+        comes between that and this step's micro-steps. The old prediction is then the policy's own, detached,
+        and costs no forward (DiffusionNFT's code runs it anyway). The same on every process (FSDP included)."""
+        return self.options.old_policy_decay == 0 and ctx.minibatches * ctx.passes == 1
 
     def _keys(self, rollout: Rollout) -> list[int]:
         """What a sample's noise depends on: its group (shared within groups) or itself."""

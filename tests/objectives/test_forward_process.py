@@ -102,6 +102,35 @@ def test_trains_with_the_ode_sampler_and_on_policy_ratio_is_one(make_config, obj
         assert metrics["old_policy_gap"] == 0.0
 
 
+@pytest.mark.parametrize("objective", ["nft", "awm"])
+def test_an_old_policy_equal_to_the_trained_one_costs_no_forward_and_changes_no_number(make_config, tmp_path, monkeypatch,
+                                                                                        objective):
+    """Decay 0 and one update per rollout: the old prediction is the policy's own (detached). Forcing the
+    old weights' own forward gives the same run, with one more forward per micro-step."""
+    from gyremedia.objectives.forward_process import ForwardProcessObjective
+
+    runs = {}
+    for shortcut in (True, False):
+        if not shortcut:
+            monkeypatch.setattr(ForwardProcessObjective, "old_is_current", lambda self, ctx: False)
+        trainer = Trainer(make_config(f"objective={{name: {objective}}}", "sampler={name: ode}", "train.steps=2",
+                                      f"run.output_dir={tmp_path / str(shortcut)}"), PluginManager())
+        state = trainer.setup()
+        module, forwards = state.backbone.trainable_module(), []
+        module.register_forward_pre_hook(lambda *_: forwards.append(1))
+        metrics = []
+        for step in range(2):  # the trainer's loop: the old policy follows at every step's end
+            metrics.append({k: v for k, v in trainer.train_step(step).items() if not k.startswith("time/")})
+            state.plugins.hook.gyremedia_on_step_end(state=state, metrics=metrics[-1])
+        runs[shortcut] = metrics, [p.detach().clone() for p in module.parameters()], len(forwards)
+        trainer.scorer.close()
+    (fast, fast_params, fast_forwards), (slow, slow_params, slow_forwards) = runs[True], runs[False]
+    assert fast == slow and all(torch.equal(a, b) for a, b in zip(fast_params, slow_params))
+    micro_steps = 2 * 2  # 2 steps x 2 re-noised levels
+    assert slow_forwards - fast_forwards == micro_steps
+    assert not trainer.state.objective.old_is_current(type("Ctx", (), {"minibatches": 2, "passes": 1})())
+
+
 def test_resume_restores_the_old_policy(tiny_yaml, tmp_path):
     common = ["objective={name: nft, old_policy_decay: 0.5}", "sampler={name: ode}", "checkpoint.every=2"]
     straight, split = tmp_path / "straight", tmp_path / "split"
