@@ -64,7 +64,10 @@ class CountingTrainer(Trainer):
             if self.counting:
                 self.nfe += kwargs["hidden_states"].shape[0]
 
-        state.backbone.trainable_module().register_forward_pre_hook(count, with_kwargs=True)
+        # the frozen reference of a full fine-tune (KL terms) is a copy made at setup: it is counted too
+        for module in (state.backbone.trainable_module(), getattr(state.backbone, "_reference_transformer", None)):
+            if module is not None:
+                module.register_forward_pre_hook(count, with_kwargs=True)
         return state
 
     def train_step(self, step):
