@@ -15,8 +15,9 @@ Noise convention: the scheduler's variance-preserving forward process
 as ``sigma = sqrt(1 - alpha_bar)``: :meth:`DiffusionBackbone.sigmas` gives DDIM's levels for the stock
 pipeline's timesteps, :meth:`DiffusionBackbone.predict` returns diffusers' ``v = sqrt(alpha_bar) eps - sigma x0``
 (the ``ddim_eta`` sampler's input, defined at pure noise too) whatever the UNet predicts (``prediction_type``
-of the scheduler's config: ``epsilon``, ``v_prediction`` or ``sample``), converted by :func:`split_prediction`. The UNet is evaluated at the
-fractional timestep whose ``sigma`` that is (linear between the scheduler's table entries; exact at them).
+of the scheduler's config: ``epsilon``, ``v_prediction`` or ``sample``), converted by :func:`split_prediction`.
+The UNet is evaluated at the fractional timestep whose ``sigma`` that is (linear between the scheduler's
+table entries; exact at them).
 
 The forward-process objectives (nft, awm, vgrpo, pairwise) train on the flow path ``x_t = (1 - t) x0 + t eps``;
 :meth:`DiffusionBackbone.flow_velocity` converts exactly. A flow state is a scaled VP state with the same
