@@ -71,14 +71,12 @@ def best_of(repeats: int, function) -> tuple[float, object]:
     return min(times), result
 
 
-def quickstart(config: Path, batch: int, tmp: str):
-    """A trainer on ``config`` (batch ``batch``, no KL, no zero-advantage filtering, one minibatch), its state, and
-    step 0's prompts, their conditions and initial noise."""
+def quickstart(config: Path, batch: int, tmp: str, *extra: str):
+    """A trainer on ``config`` (batch ``batch``, no KL, one minibatch, then the ``extra`` overrides), its state,
+    and step 0's prompts, their conditions and initial noise."""
     pm = PluginManager()
     overrides = [f"run.output_dir={tmp}", "regularizers=[]", "train.num_minibatches=1", f"rollout.batch_size={batch}",
-                 "logging.progress=false"]
-    if config == QUICKSTART_GRPO:
-        overrides.append("objective.skip_zero_advantage=false")
+                 "logging.progress=false", *extra]
     trainer = Trainer(resolve_config(load_config(config, overrides), pm), pm)
     state = trainer.setup()
     prompts = trainer.rollout_request(0).prompts
@@ -93,6 +91,13 @@ def their_package(clone: Path) -> None:
     for name in [m for m in sys.modules if m == "flow_grpo" or m.startswith("flow_grpo.")]:
         del sys.modules[name]
     sys.path.insert(0, str(clone))
+
+
+def their_update(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """The end of both peers' training step: gradient clipping at 1, the optimizer step, cleared gradients."""
+    torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def ours_sample(state, conditions, ids):
@@ -112,7 +117,8 @@ def flow_grpo_rows(clone: Path, batch: int, repeats: int) -> tuple[list[tuple[st
     from flow_grpo.diffusers_patch.sd3_sde_with_logprob import sde_step_with_logprob
 
     with tempfile.TemporaryDirectory() as tmp:
-        trainer, state, prompts, ids, conditions, noise = quickstart(QUICKSTART_GRPO, batch, tmp)
+        trainer, state, prompts, ids, conditions, noise = quickstart(
+            QUICKSTART_GRPO, batch, tmp, "objective.skip_zero_advantage=false")
         backbone, sampler, pipe = state.backbone, state.sampler, state.backbone.pipeline
         size = backbone.generation_arguments()
 
@@ -155,9 +161,7 @@ def flow_grpo_rows(clone: Path, batch: int, repeats: int) -> tuple[list[tuple[st
                 clipped = -advantages * torch.clamp(ratio, 1 - CLIP, 1 + CLIP)
                 loss = torch.maximum(-advantages * ratio, clipped).mean()
                 (loss / TRAINED).backward()
-            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-            state.optimizer.step()
-            state.optimizer.zero_grad(set_to_none=True)
+            their_update(module, state.optimizer)
 
         their_step, _ = best_of(repeats, theirs_train)
         our_step, _ = best_of(repeats, lambda: trainer.optimize(rollout, 0))
@@ -216,9 +220,7 @@ def diffusion_nft_rows(clone: Path, batch: int, repeats: int) -> list[tuple[str,
                 loss = (r * ((positive - x0) ** 2 / w_pos).mean(dim=dims) / beta
                         + (1 - r) * ((negative - x0) ** 2 / w_neg).mean(dim=dims) / beta)
                 ((loss * options.adv_clip_max).mean() / len(levels)).backward()
-            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-            state.optimizer.step()
-            state.optimizer.zero_grad(set_to_none=True)
+            their_update(module, state.optimizer)
 
         their_step, _ = best_of(repeats, theirs_train)
         our_step, _ = best_of(repeats, lambda: trainer.optimize(rollout, 0))
