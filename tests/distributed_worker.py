@@ -52,7 +52,9 @@ def main(config_path: str, out_dir: str, *overrides: str) -> None:
     record = {"num_processes": state.accelerator.num_processes, "steps": recorder.steps, "weights": torch.cat(weights).tolist() if weights else [],
               "uneven_means": global_nanmeans(state.accelerator, uneven)}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(record))
-    state.accelerator.end_training()  # leave the process group together: a rank exiting inside it can abort
+    # leave the process group together, as `gyremedia train` does: a rank exiting inside it can abort
+    state.accelerator.wait_for_everyone()
+    state.accelerator.end_training()
 
 
 if __name__ == "__main__":
