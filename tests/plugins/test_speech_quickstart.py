@@ -1,0 +1,38 @@
+"""`gyremedia train speech_quickstart` end to end: online RL makes the tiny enhancer better on unseen
+sentences and voices by every metric it is rewarded with, without losing fidelity to the clean speech.
+
+Slow (about 3 minutes on 2 CPU cores) and run in CI. It trains from the shipped `assets/speech16` with a
+fixed seed; the run itself scores 128 fixed-seed enhancements of the 64 held-out utterances before and
+after and writes every metric's paired change (`heldout_changes.json`, the figures `gyremedia eval RUN`
+reports). Asserted, as the speech issue asks: PESQ, ESTOI and DNSMOS OVRL each rise with the paired 95%
+interval above zero, and SI-SDR (a gold metric, never trained on) does not fall: its interval's upper end
+is above zero. docs/benchmarks.md has the figures over 3 seeds.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+REWARDED = ("pesq", "estoi", "dnsmos")
+
+
+@pytest.mark.slow
+def test_speech_quickstart_raises_every_heldout_metric(tmp_path):
+    run = tmp_path / "speech"
+    train = subprocess.run([sys.executable, "-m", "gyremedia.cli", "train", "speech_quickstart",
+                            f"run.output_dir={run}"], capture_output=True, text=True, timeout=1200)
+    assert train.returncode == 0, train.stderr[-4000:]
+    for made in ("samples/compare.png", "samples/before/00.wav", "samples/after/00.wav", "reward_curve.png",
+                 "pipeline/unet/config.json"):
+        assert (run / made).is_file(), made
+
+    changes = json.loads((run / "heldout_changes.json").read_text())
+    print(json.dumps(changes, indent=1))
+    for metric in REWARDED:
+        assert changes[metric]["samples"] == 128
+        assert changes[metric]["ci95_low"] > 0, (metric, changes[metric])
+    assert changes["gold/si_sdr"]["ci95_high"] > 0, changes["gold/si_sdr"]
+    last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["monitor/hacking"] == 0.0
