@@ -46,6 +46,11 @@ OBJECTIVES = {
     "tree_grpo": (FLOW_GRPO, ["objective={name: tree_grpo, clip_range: 1.0e-4, transition_selection: first, timestep_fraction: 0.3, "
                               "skip_zero_advantage: true, dedup: true, normalize_depth: true}",
                               "rollout.branch_steps=[0, 1, 2]", "rollout.branch_width=2"], 150),
+    # The same with two trees per group (each from its own initial noise) splitting at the first 2 transitions:
+    # more diverse groups for fewer shared steps.
+    "tree_grpo_roots": (FLOW_GRPO, ["objective={name: tree_grpo, clip_range: 1.0e-4, transition_selection: first, "
+                                    "timestep_fraction: 0.3, skip_zero_advantage: true, dedup: true, normalize_depth: true}",
+                                    "rollout.branch_steps=[0, 1]", "rollout.branch_width=2", "rollout.branch_roots=2"], 150),
     "nft": (CONFIGS / "quickstart.yaml", [], 100),
     "awm": (CONFIGS / "quickstart.yaml", ["objective={name: awm}", "sampler={name: ode}", "train.learning_rate=1e-4"], 100),
 }
