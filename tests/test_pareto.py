@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runs import gyremedia
 
 from gyremedia.advantages import combined_advantages
 from gyremedia.config import ConfigError
@@ -115,16 +116,11 @@ def test_eval_reports_the_trained_models_front(make_config, tmp_path, capsys):
 @pytest.mark.slow
 def test_the_pareto_config_learns_a_front_whose_extremes_each_win_their_own_reward(tmp_path):
     """configs/pareto.yaml end to end (about 4 minutes on 2 CPU cores): one model, five preferences."""
-    import subprocess
-    import sys
-
     from gyremedia.config import load_config
 
     run, config = tmp_path / "pareto", Path(__file__).resolve().parents[1] / "configs" / "pareto.yaml"
-    train = subprocess.run([sys.executable, "-m", "gyremedia.cli", "train", str(config), f"run.output_dir={run}",
-                            "export.on_train_end=false", "logging.progress=false"], capture_output=True, text=True,
-                           timeout=1200)
-    assert train.returncode == 0, train.stderr[-4000:]
+    gyremedia("train", str(config), f"run.output_dir={run}", "export.on_train_end=false", "logging.progress=false",
+              timeout=1200)
     front = json.loads((run / "pareto_front.json").read_text())
     print(json.dumps(front, indent=1))
     names = [r["name"] for r in load_config(config).rewards]

@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+from cli_runs import gyremedia
 
 from gyremedia.config import asset_path
 
@@ -26,10 +27,8 @@ MIN_POINTS, MAX_MINUTES, STEPS, EVAL_STEPS = 20, 5, 100, [0, 25, 50, 75, 100]
 def test_quickstart_raises_heldout_accuracy(tmp_path):
     run = tmp_path / "quickstart"
     start = time.monotonic()
-    train = subprocess.run([sys.executable, "-m", "gyremedia.cli", "train", f"run.output_dir={run}"],
-                           capture_output=True, text=True, timeout=1200)
+    train = gyremedia("train", f"run.output_dir={run}", timeout=1200)
     minutes = (time.monotonic() - start) / 60
-    assert train.returncode == 0, train.stderr[-4000:]
     assert minutes <= MAX_MINUTES, f"the run took {minutes:.1f} minutes"
     for made in ("config.yaml", "metrics.jsonl", "reward_curve.png", "samples/before.png", "samples/after.png",
                  "pipeline/model_index.json", "pipeline/README.md", f"checkpoints/step-{STEPS:06d}/trainable.safetensors"):
@@ -37,9 +36,7 @@ def test_quickstart_raises_heldout_accuracy(tmp_path):
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "eval/shapes_verifier/correct" in m] == EVAL_STEPS
 
-    evaluate = subprocess.run([sys.executable, "-m", "gyremedia.cli", "eval", str(run), "--json"],
-                              capture_output=True, text=True, timeout=600)
-    assert evaluate.returncode == 0, evaluate.stderr[-4000:]
+    evaluate = gyremedia("eval", str(run), "--json", timeout=600)
     report = json.loads(evaluate.stdout)
     print(json.dumps(report, indent=2), f"\ntraining took {minutes:.1f} minutes")
     assert report["samples"] == 256 and report["metric"] == "shapes_verifier/correct"
@@ -86,9 +83,7 @@ def test_flow_grpo_quickstart_raises_heldout_accuracy(tmp_path):
     runs are not bit-identical across thread counts, and the bound leaves room for other machines' kernels."""
     run = tmp_path / "grpo"
     one_thread = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    train = subprocess.run([sys.executable, "-m", "gyremedia.cli", "train", "quickstart_grpo", f"run.output_dir={run}",
-                            "export.on_train_end=false"], capture_output=True, text=True, timeout=1800, env=one_thread)
-    assert train.returncode == 0, train.stderr[-4000:]
+    gyremedia("train", "quickstart_grpo", f"run.output_dir={run}", "export.on_train_end=false", timeout=1800, env=one_thread)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "eval/shapes_verifier/correct" in m] == [0, 50, 100, GRPO_STEPS]
     gain = json.loads((run / "heldout_changes.json").read_text())["shapes_verifier/correct"]

@@ -7,11 +7,10 @@ zero, within 5 minutes, and the run folder a user looks at (before/after complet
 """
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
+from cli_runs import gyremedia
 
 MIN_POINTS, MAX_MINUTES = 20, 5
 
@@ -20,17 +19,13 @@ MIN_POINTS, MAX_MINUTES = 20, 5
 def test_llm_quickstart_raises_heldout_exact_match(tmp_path):
     run = tmp_path / "llm"
     start = time.monotonic()
-    train = subprocess.run([sys.executable, "-m", "gyremedia.cli", "train", "llm_quickstart", f"run.output_dir={run}",
-                            "logging.progress=false"], capture_output=True, text=True, timeout=900)
+    train = gyremedia("train", "llm_quickstart", f"run.output_dir={run}", "logging.progress=false", timeout=900)
     minutes = (time.monotonic() - start) / 60
-    assert train.returncode == 0, train.stderr[-4000:]
     assert minutes <= MAX_MINUTES, f"the run took {minutes:.1f} minutes"
     for made in ("samples/before.txt", "samples/after.txt", "reward_curve.png", "pipeline/model.safetensors",
                  "pipeline/tokenizer.json", "pipeline/README.md"):
         assert (run / made).is_file(), made
-    evaluate = subprocess.run([sys.executable, "-m", "gyremedia.cli", "eval", str(run), "--json"], capture_output=True,
-                              text=True, timeout=600)
-    assert evaluate.returncode == 0, evaluate.stderr[-4000:]
+    evaluate = gyremedia("eval", str(run), "--json", timeout=600)
     report = json.loads(evaluate.stdout)
     print(json.dumps(report, indent=2), f"\ntraining took {minutes:.1f} minutes")
     assert report["metric"] == "addition_verifier/correct" and report["samples"] == 512

@@ -10,10 +10,9 @@ The run folder holds the before/after GIFs.
 """
 
 import json
-import subprocess
-import sys
 
 import pytest
+from cli_runs import gyremedia
 
 from gyremedia.config import asset_path
 
@@ -23,15 +22,11 @@ MIN_POINTS, MAX_PSNR_LOSS = 3, 0.0
 @pytest.mark.slow
 def test_world_model_quickstart_raises_heldout_action_following(tmp_path):
     run = tmp_path / "world"
-    train = subprocess.run([sys.executable, "-m", "gyremedia.cli", "train", "world_model_quickstart",
-                            f"run.output_dir={run}"], capture_output=True, text=True, timeout=1500)
-    assert train.returncode == 0, train.stderr[-4000:]
+    gyremedia("train", "world_model_quickstart", f"run.output_dir={run}", timeout=1500)
     for made in ("samples/before.gif", "samples/after.gif", "reward_curve.png", "pipeline/transformer/config.json"):
         assert (run / made).is_file(), made
 
-    evaluate = subprocess.run([sys.executable, "-m", "gyremedia.cli", "eval", str(run), "--json"],
-                              capture_output=True, text=True, timeout=600)
-    assert evaluate.returncode == 0, evaluate.stderr[-4000:]
+    evaluate = gyremedia("eval", str(run), "--json", timeout=600)
     report = json.loads(evaluate.stdout)
     print(json.dumps(report, indent=2))
     assert report["metric"] == "inverse_dynamics/accuracy" and report["samples"] == 256
