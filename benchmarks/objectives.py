@@ -33,8 +33,11 @@ from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-#: objective name -> (config, overrides, default steps); the baseline first: Flow-GRPO's recipe as its code trains it.
 FLOW_GRPO = CONFIGS / "quickstart_grpo.yaml"
+#: Flow-GRPO's objective settings, trained on tree rollouts: every tree node once (dedup), per-depth normalisation.
+TREE_GRPO = ("objective={name: tree_grpo, clip_range: 1.0e-4, transition_selection: first, timestep_fraction: 0.3, "
+             "skip_zero_advantage: true, dedup: true, normalize_depth: true}")
+#: objective name -> (config, overrides, default steps); the baseline first: Flow-GRPO's recipe as its code trains it.
 OBJECTIVES = {
     "flow_grpo": (FLOW_GRPO, [], 150),
     # MixGRPO: SDE only inside a 3-step window that moves one index every 25 steps, ODE elsewhere;
@@ -43,14 +46,11 @@ OBJECTIVES = {
                             "objective.timestep_fraction=1.0"], 150),
     # TreeGRPO on Flow-GRPO's recipe: the 3 trained transitions are the branch points (8 leaves per tree),
     # each tree node trained once (dedup), advantages normalised per tree and depth.
-    "tree_grpo": (FLOW_GRPO, ["objective={name: tree_grpo, clip_range: 1.0e-4, transition_selection: first, timestep_fraction: 0.3, "
-                              "skip_zero_advantage: true, dedup: true, normalize_depth: true}",
-                              "rollout.branch_steps=[0, 1, 2]", "rollout.branch_width=2"], 150),
+    "tree_grpo": (FLOW_GRPO, [TREE_GRPO, "rollout.branch_steps=[0, 1, 2]", "rollout.branch_width=2"], 150),
     # The same with two trees per group (each from its own initial noise) splitting at the first 2 transitions:
     # more diverse groups for fewer shared steps.
-    "tree_grpo_roots": (FLOW_GRPO, ["objective={name: tree_grpo, clip_range: 1.0e-4, transition_selection: first, "
-                                    "timestep_fraction: 0.3, skip_zero_advantage: true, dedup: true, normalize_depth: true}",
-                                    "rollout.branch_steps=[0, 1]", "rollout.branch_width=2", "rollout.branch_roots=2"], 150),
+    "tree_grpo_roots": (FLOW_GRPO, [TREE_GRPO, "rollout.branch_steps=[0, 1]", "rollout.branch_width=2",
+                                    "rollout.branch_roots=2"], 150),
     "nft": (CONFIGS / "quickstart.yaml", [], 100),
     "awm": (CONFIGS / "quickstart.yaml", ["objective={name: awm}", "sampler={name: ode}", "train.learning_rate=1e-4"], 100),
 }
