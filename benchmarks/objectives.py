@@ -3,8 +3,8 @@
     python benchmarks/objectives.py [--seeds 0 1 2] [--jobs 2] [--eval-every 25] [--gain 10] [--objectives ...]
 
 Runs each objective's config (OBJECTIVES: Flow-GRPO's recipe, configs/quickstart_grpo.yaml, is the
-baseline; MixGRPO's window and TreeGRPO's trees on that recipe; DiffusionNFT and AWM on
-configs/quickstart.yaml) once per seed from the same base model, counting every transformer forward
+baseline; full-SDE GRPO, MixGRPO's window and TreeGRPO's trees on that recipe; DiffusionNFT, Sol-RL's
+two-stage rollouts on it, and AWM on configs/quickstart.yaml) once per seed from the same base model, counting every transformer forward
 row (NFEs: sampling, training, old-policy and reference passes; evaluation excluded) and the wall
 time of the training steps (evaluation excluded). Held-out accuracy is measured every
 ``--eval-every`` steps on the quickstart's 256 fixed-seed samples. Prints, per objective (mean over
@@ -40,6 +40,8 @@ TREE_GRPO = ("objective={name: tree_grpo, clip_range: 1.0e-4, transition_selecti
 #: objective name -> (config, overrides, default steps); the baseline first: Flow-GRPO's recipe as its code trains it.
 OBJECTIVES = {
     "flow_grpo": (FLOW_GRPO, [], 150),
+    # Full-SDE GRPO, MixGRPO's own baseline: the recipe with every stochastic transition of the 10 trained.
+    "flow_grpo_full_sde": (FLOW_GRPO, ["objective.timestep_fraction=1.0"], 150),
     # MixGRPO: SDE only inside a 3-step window that moves one index every 25 steps, ODE elsewhere;
     # every stochastic transition (the window's) is trained.
     "mixgrpo": (FLOW_GRPO, ["sampler={name: window, noise_level: 0.7, size: 3, schedule: progressive, shift_every: 25}",
@@ -52,6 +54,9 @@ OBJECTIVES = {
     "tree_grpo_roots": (FLOW_GRPO, [TREE_GRPO, "rollout.branch_steps=[0, 1]", "rollout.branch_width=2",
                                     "rollout.branch_roots=2"], 150),
     "nft": (CONFIGS / "quickstart.yaml", [], 100),
+    # Sol-RL's two-stage rollouts on DiffusionNFT: per prompt 16 initial noises sampled with 5 ODE steps and
+    # scored; the 4 best and 4 worst are sampled again at full quality and trained on.
+    "nft_two_stage": (CONFIGS / "quickstart.yaml", ["rollout.candidates=16", "rollout.candidate_steps=5"], 100),
     "awm": (CONFIGS / "quickstart.yaml", ["objective={name: awm}", "sampler={name: ode}", "train.learning_rate=1e-4"], 100),
 }
 ACCURACY = "eval/shapes_verifier/correct"
@@ -135,7 +140,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel, one process and one torch thread each")
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--gain", type=float, default=10.0, help="target: base accuracy + this many points")
-    parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
+    parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES),
+                        help="objectives to run; the first is the baseline of the printed ratios")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/objectives.json"))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:

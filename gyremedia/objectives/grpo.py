@@ -37,10 +37,12 @@ class GRPOOptions:
     timestep_fraction: float = option(1.0, gt=0, le=1, help="share of each trajectory's stochastic transitions "
                                                           "trained per step")
     # Which ones: Flow-GRPO trains the first floor(N f), the noisiest; its log-prob divides by the step variance,
-    # which is small late in the trajectory, so late picks give larger, noisier gradients.
+    # which is small late in the trajectory, so late picks give larger, noisier gradients. `first` is the
+    # default because it learned best on the quickstart (150 steps, the same settings otherwise: about +25
+    # held-out points where random picks gained about +9).
     transition_selection: Literal["random", "first", "stratified", "window"] = option(
-        "random", help="random: round(N f) drawn each step; first: the first floor(N f) (Flow-GRPO); stratified: one "
-                       "from each of round(N f) equal strata; window: round(N f) consecutive ones at a random start")
+        "first", help="first: the first floor(N f) (Flow-GRPO); random: round(N f) drawn each step; stratified: one "
+                      "from each of round(N f) equal strata; window: round(N f) consecutive ones at a random start")
     skip_zero_advantage: bool = option(False, help="leave samples whose advantage is exactly 0 (a group whose rewards "
                                                    "all tie) out of the loss, as Flow-GRPO does: they add no policy "
                                                    "gradient, only replay cost and a smaller mean")

@@ -166,11 +166,13 @@ class DiffusionFamily:
     text_encoders = ("text_encoder",)
     eval_arguments: dict = {}
 
-    def __init__(self, prediction_type: str = "epsilon", zero_terminal_snr: bool = False) -> None:
+    def __init__(self, prediction_type: str = "epsilon", zero_terminal_snr: bool = False,
+                 unet_channels: list[int] | None = None) -> None:
         self.schedule = {"prediction_type": prediction_type, "zero_terminal_snr": zero_terminal_snr}
+        self.sizes = {"unet_channels": list(unet_channels)} if unet_channels else {}
 
     def build(self, seed: int):
-        options = TinySDOptions(**{**DIFFUSION_MODEL.__dict__, **self.schedule, "seed": seed})
+        options = TinySDOptions(**{**DIFFUSION_MODEL.__dict__, **self.schedule, **self.sizes, "seed": seed})
         options.validate()
         return build_tiny_sd_pipeline(options)
 
@@ -203,10 +205,12 @@ def load_vae(pipe, folder: Path, prompts: list[str], rng: np.random.Generator) -
 
 def pretrain(out: Path, steps: int, vae_steps: int, seed: int, batch: int, lr: float, eval_every: int,
              eval_samples: int, snapshots: Path | None, timesteps: str = "uniform", family: str = "flow",
-             vae_from: Path | None = None) -> dict:
+             vae_from: Path | None = None, unet_channels: list[int] | None = None) -> dict:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     kind = FAMILIES[family]
+    if unet_channels:  # another UNet depth or width than the shipped asset's
+        kind = DiffusionFamily(**kind.schedule, unet_channels=unet_channels)
     train_prompts, heldout_prompts = split_prompts(seed=0)
     pipe = kind.build(seed)
     pipe.set_progress_bar_config(disable=True)
@@ -264,7 +268,8 @@ def pretrain(out: Path, steps: int, vae_steps: int, seed: int, batch: int, lr: f
         m.eval().requires_grad_(False)
     pipe.save_pretrained(out)
     write_prompt_files(out)
-    options = (f" --family {family}" if family != "flow" else "") + (f" --vae-from {vae_from}" if vae_from else "")
+    options = ((f" --family {family}" if family != "flow" else "") + (f" --vae-from {vae_from}" if vae_from else "")
+               + (f" --unet-channels {' '.join(map(str, unet_channels))}" if unet_channels else ""))
     summary = {
         "command": f"python -m gyremedia_shapes.pretrain --out {out} --steps {steps} --vae-steps {vae_steps} "
                    f"--seed {seed} --batch {batch} --lr {lr} --timesteps {timesteps}{options}",
@@ -287,6 +292,9 @@ def main(argv: list[str] | None = None) -> None:
                              "the same with v-prediction and a zero-terminal-SNR schedule (SD 2.x-style)")
     parser.add_argument("--vae-from", type=Path, default=None,
                         help="take the trained autoencoder of this pipeline folder instead of training one")
+    parser.add_argument("--unet-channels", type=int, nargs="+", default=None,
+                        help="diffusion families: the UNet's width per level (default: the shipped asset's "
+                             f"{' '.join(map(str, DIFFUSION_MODEL.unet_channels))}; each extra level halves the size)")
     parser.add_argument("--steps", type=int, default=1500, help="denoiser training steps")
     parser.add_argument("--vae-steps", type=int, default=800)
     parser.add_argument("--seed", type=int, default=0)
@@ -300,11 +308,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--add-t5", action="store_true",
                         help="only give the pipeline in --out (saved before pipelines had T5) its silent T5 encoder")
     args = parser.parse_args(argv)
+    if args.unet_channels and args.family == "flow":
+        parser.error("--unet-channels: only the diffusion families have a UNet; add --family diffusion")
     if args.add_t5:
         add_silent_t5(str(args.out), MODEL.words)
         return
     summary = pretrain(args.out, args.steps, args.vae_steps, args.seed, args.batch, args.lr, args.eval_every,
-                       args.eval_samples, args.snapshots, args.timesteps, args.family, args.vae_from)
+                       args.eval_samples, args.snapshots, args.timesteps, args.family, args.vae_from,
+                       args.unet_channels)
     print(json.dumps(summary["final"], indent=2))
 
 

@@ -107,10 +107,12 @@ def test_kl_beta_selects_the_one_kl_regularizer(make_config):
 def test_timestep_fraction_picks_a_reproducible_subset():
     sampler = FlowSDESampler(FlowSDEOptions())
     rollout = make_rollout(ScalarBackbone(0.5), sampler, [1.0, -1.0])
-    half = objective(timestep_fraction=0.5)
+    half = objective(timestep_fraction=0.5, transition_selection="random")
     assert objective().micro_steps(rollout, 0) == [0, 1, 2]
     picked = half.micro_steps(rollout, 7)
     assert len(picked) == 2 and picked == half.micro_steps(rollout, 7)
+    # the default is Flow-GRPO's: the first floor(3 * 0.5) = 1 transition, the noisiest, at every step
+    assert [objective(timestep_fraction=0.5).micro_steps(rollout, step) for step in (0, 7)] == [[0], [0]]
     assert "timestep_fraction=0.0: must be in (0, 1]" in validate(GRPOOptions(timestep_fraction=0.0))[0]
 
 

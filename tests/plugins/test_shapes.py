@@ -73,3 +73,14 @@ def test_reward_scores_partial_credit_per_criterion():
     position = ShapesVerifierReward(ShapesVerifierOptions(criteria=["position"]))(Media("image", images), prompts)["score"]
     assert position[0] == 1.0 and torch.isnan(position[1])
     assert "choose among object, colour, count, position" in validate(ShapesVerifierOptions(criteria=["size"]))[0]
+
+
+def test_pretraining_builds_the_unet_depth_asked_for_and_refuses_it_for_the_flow_family():
+    from gyremedia_shapes.pretrain import FAMILIES, DiffusionFamily, main
+
+    shipped = FAMILIES["diffusion"].build(seed=0).unet
+    deeper = DiffusionFamily(unet_channels=[32, 64, 64, 64]).build(seed=0).unet
+    assert (len(shipped.down_blocks), len(deeper.down_blocks)) == (2, 4)
+    assert list(deeper.config.block_out_channels) == [32, 64, 64, 64]
+    with pytest.raises(SystemExit):
+        main(["--out", "unused", "--unet-channels", "32", "64"])
