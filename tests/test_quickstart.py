@@ -3,7 +3,8 @@
 Slow (about 3.5 minutes on 2 CPU cores) and run in CI. It trains from the shipped ShapesBench model
 with a fixed seed, checks the run folder the README promises, and asserts the held-out gain that
 `gyremedia eval` measures on 256 fixed-seed samples of unseen prompt combinations: its paired 95%
-interval above zero and at least +20 points, within 5 minutes, without collapsing in-group
+interval above zero and at least +20 points, within 10 minutes (about 3.5 here; a CI machine took 5.5 on
+2026-12-03, so the bound leaves room for slower machines), without collapsing in-group
 diversity. (Seeds 0, 1, 2 gave +31.6, +30.5, +25.4 points: README.) The Flow-GRPO baseline,
 configs/quickstart_grpo.yaml, is asserted too (its own test below), so that every speed-up measured
 against it is measured against a baseline that learns.
@@ -20,7 +21,7 @@ from cli_runs import gyremedia
 
 from gyremedia.config import asset_path
 
-MIN_POINTS, MAX_MINUTES, STEPS, EVAL_STEPS = 20, 5, 100, [0, 25, 50, 75, 100]
+MIN_POINTS, MAX_MINUTES, STEPS, EVAL_STEPS = 20, 10, 100, [0, 25, 50, 75, 100]
 
 
 @pytest.mark.slow
@@ -72,15 +73,17 @@ def test_quickstart_raises_heldout_accuracy(tmp_path):
     assert subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=300).returncode == 0
 
 
-GRPO_MIN_POINTS, GRPO_STEPS = 15, 150
+GRPO_MIN_POINTS, GRPO_STEPS = 10, 150
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_flow_grpo_quickstart_raises_heldout_accuracy(tmp_path):
     """The Flow-GRPO recipe (configs/quickstart_grpo.yaml, seed 0) gains held-out accuracy in 150 steps: the
-    paired interval above zero and at least +15 points. One torch thread, as the measured run (+29.3) had:
-    runs are not bit-identical across thread counts, and the bound leaves room for other machines' kernels."""
+    paired interval above zero and at least +10 points (the issue's target). One torch thread, as the measured
+    runs had. Runs are not bit-identical across machines, so another machine's run is in effect another seed:
+    seeds 0, 1, 2 gave +17.6, +28.9, +23.4 here, and the bound leaves room below the lowest. (At the recipe's
+    previous learning rate, 2e-4, seed 0 gave +29.3 here and +7.4 on a CI machine.)"""
     run = tmp_path / "grpo"
     one_thread = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     gyremedia("train", "quickstart_grpo", f"run.output_dir={run}", "export.on_train_end=false", timeout=1800, env=one_thread)

@@ -3,7 +3,8 @@
 Slow (about 2 minutes on 2 CPU cores) and run in CI. It trains from the shipped model with a fixed
 seed and asserts, as `gyremedia eval` measures it on the 256 held-out prompts (pairs never seen in
 pretraining or RL), at least +20 points of exact-match accuracy with the paired 95% interval above
-zero, within 5 minutes, and the run folder a user looks at (before/after completions, plot, export).
+zero, within 10 minutes (about 2 here: the bound allows for slower CI machines), and the run folder a
+user looks at (before/after completions, plot, export).
 """
 
 import json
@@ -12,7 +13,7 @@ import time
 import pytest
 from cli_runs import gyremedia
 
-MIN_POINTS, MAX_MINUTES = 20, 5
+MIN_POINTS, MAX_MINUTES = 20, 10
 
 
 @pytest.mark.slow
