@@ -73,22 +73,25 @@ def test_quickstart_raises_heldout_accuracy(tmp_path):
     assert subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=300).returncode == 0
 
 
-GRPO_MIN_POINTS, GRPO_STEPS = 10, 150
+GRPO_MIN_POINTS, GRPO_STEPS = 10, 100
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_flow_grpo_quickstart_raises_heldout_accuracy(tmp_path):
-    """The Flow-GRPO recipe (configs/quickstart_grpo.yaml, seed 0) gains held-out accuracy in 150 steps: the
-    paired interval above zero and at least +10 points (the issue's target). One torch thread, as the measured
-    runs had. Runs are not bit-identical across machines, so another machine's run is in effect another seed:
-    seeds 0, 1, 2 gave +17.6, +28.9, +23.4 here, and the bound leaves room below the lowest. (At the recipe's
-    previous learning rate, 2e-4, seed 0 gave +29.3 here and +7.4 on a CI machine.)"""
+    """The Flow-GRPO recipe (configs/quickstart_grpo.yaml, seed 0) gains held-out accuracy in the first 100 of
+    its 150 steps (the test stops there to save CI time; the curve is the same): the paired interval above
+    zero and at least +10 points (the issue's target). One torch thread, as the measured runs had. Runs are
+    not bit-identical across machines, so another machine's run is in effect another seed: seeds 0, 1, 2 were
+    at +16.0, +16.4, +19.5 at step 100 here (+17.6, +28.9, +23.4 at 150), and the bound leaves room below the
+    lowest. (At the recipe's previous learning rate, 2e-4, seed 0 gained +29.3 at 150 here and +7.4 on a CI
+    machine.)"""
     run = tmp_path / "grpo"
     one_thread = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    gyremedia("train", "quickstart_grpo", f"run.output_dir={run}", "export.on_train_end=false", timeout=1800, env=one_thread)
+    gyremedia("train", "quickstart_grpo", f"run.output_dir={run}", f"train.steps={GRPO_STEPS}",
+              "export.on_train_end=false", timeout=1800, env=one_thread)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics if "eval/shapes_verifier/correct" in m] == [0, 50, 100, GRPO_STEPS]
+    assert [m["step"] for m in metrics if "eval/shapes_verifier/correct" in m] == [0, 50, GRPO_STEPS]
     gain = json.loads((run / "heldout_changes.json").read_text())["shapes_verifier/correct"]
     print(json.dumps(gain))
     assert gain["ci95_low"] > 0 and 100 * gain["mean"] >= GRPO_MIN_POINTS, gain

@@ -10,14 +10,15 @@ every leaf under it, so its advantage is backed up from those leaves:
 
 A leaf dropped by its reward's failure policy (NaN reward) is left out of every mean; a node with
 only dropped leaves gets 0. With ``normalize_depth`` the node values are then normalised within each
-tree (BranchGRPO's depth-wise normalisation): zero mean and unit std over the group's nodes at that
-depth, so every depth weighs the same. Then GRPO's clipped ratio as in ``grpo``.
+group (BranchGRPO's depth-wise normalisation; a group is one tree, or ``branch_roots`` trees together):
+zero mean and unit std over the group's nodes at that depth, so every depth weighs the same. Then
+GRPO's clipped ratio as in ``grpo``.
 
 Training cost (BranchGRPO's pruning): by default each leaf replays its whole path, so a shared
 transition is trained once per leaf below it; with ``dedup`` it is replayed once (one row per
-node, the loss a mean over nodes); ``width`` keeps, per tree and
-depth, only the nodes with the largest ``|A|`` (a node as good as its siblings teaches nothing);
-``skip_steps`` leaves whole depths untrained.
+node, the loss a mean over nodes); ``width`` keeps, per group and depth, only the nodes with the
+largest ``|A|`` (a node as good as its siblings teaches nothing); ``skip_steps`` leaves whole depths
+untrained.
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ from gyremedia.tree import subtree_values
 @dataclass
 class TreeGRPOOptions(GRPOOptions):
     aggregate: Literal["mean", "logprob"] = option("mean", help="how leaf advantages back up to a node")
-    normalize_depth: bool = option(False, help="normalise node advantages over each tree's nodes at each depth")
+    normalize_depth: bool = option(False, help="normalise node advantages over each group's nodes at each depth")
     dedup: bool = option(False, help="replay a transition shared by several leaves once (one row per tree node)")
-    width: int = option(0, ge=0, help="train at most this many nodes per tree and depth, the largest |A| first; 0 = all")
+    width: int = option(0, ge=0, help="train at most this many nodes per group and depth, the largest |A| "
+                                      "first; 0 = all")
     skip_steps: list[int] = option(default_factory=list, ge=0, help="transition indices never trained (depth pruning)")
 
 
@@ -57,7 +59,7 @@ class TreeGRPOObjective(GRPOObjective):
         return kept
 
     def trained_rows(self, rollout: Rollout, micro_step: int) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """One row per node the transitions lead to (``dedup``), at most ``width`` per tree by ``|A|``."""
+        """One row per node the transitions lead to (``dedup``), at most ``width`` per group by ``|A|``."""
         advantages = self.transition_advantages(rollout, micro_step)
         if not self.options.dedup and not self.options.width:
             return self.informative_rows(None, advantages)
