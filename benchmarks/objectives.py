@@ -8,9 +8,10 @@ trees on that; DiffusionNFT, Sol-RL's two-stage rollouts on it, and AWM on confi
 seed from the same base model, counting every transformer forward row (NFEs: sampling, training,
 old-policy and reference passes; evaluation excluded) and the wall time of the training steps (evaluation
 excluded). Held-out accuracy is measured every ``--eval-every`` steps on the quickstart's 256 fixed-seed
-samples. Prints, per objective (mean over seeds): NFEs and seconds to reach base + ``--gain`` points, accuracy at the largest NFE budget every
-run covers, and ratios against the baseline measured in the same run. A baseline seed that never
-reaches the target counts with its whole run, which makes a ratio a lower bound (printed as ">=").
+samples. Prints, per objective (mean over seeds): NFEs and seconds to reach base + ``--gain`` points,
+accuracy at the largest NFE budget every run covers, and ratios against the baseline measured in the same
+run. A baseline seed that never reaches the target counts with its whole run, which makes a ratio a lower
+bound (printed as ">=").
 Writes the curves to ``--out`` (JSON) and a plot beside it.
 """
 
