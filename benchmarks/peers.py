@@ -1,6 +1,6 @@
 """gyremedia beside Flow-GRPO's and DiffusionNFT's own code, on the same tiny pipeline, prompts and noise.
 
-    python benchmarks/peers.py --flow-grpo PATH [--diffusion-nft PATH] [--batch 32] [--repeats 3]
+    python benchmarks/peers.py --flow-grpo PATH [--diffusion-nft PATH] [--batch 32] [--repeats 3] [--train 150]
 
 Each ``PATH`` is a local clone (github.com/yifan123/flow_grpo, github.com/NVlabs/DiffusionNFT; not part of this
 repository and not needed by its tests; both name their package ``flow_grpo``, so each is imported on its own).
@@ -30,9 +30,19 @@ reference forward left out as the quickstart has no KL, against gyremedia's ``nf
 prediction from the policy's own forward (``ForwardProcessObjective.old_is_current``; a test shows the run is
 the same to the bit); DiffusionNFT runs the old policy's forward every time (its decay is 0 only at step 0).
 
-What is not matched: held-out gains (the recipes are compared by training runs, docs/benchmarks.md), their
-reward servers, EMA and LoRA loading, and the solvers of the two NFT rollouts (DiffusionNFT's second-order
-multistep ``dpm2`` against gyremedia's Euler ``ode``: the same number of transformer calls).
+``--train STEPS`` (with ``--flow-grpo``; ``--seed``, ``--eval-every``): held-out gains. Two trainers on
+``configs/quickstart_grpo.yaml`` start from the same weights; one trains with gyremedia's ``train_step``, the
+other with Flow-GRPO's training loop (``scripts/train_sd3.py``, reproduced around its own
+``pipeline_with_logprob``, ``sde_step_with_logprob``, ``PerPromptStatTracker`` and ``EMAModuleWrapper``: its
+zero-advantage filter, 2 optimizer steps per rollout over the first 3 transitions, advantages clipped at 5,
+KL 0.04 against the frozen base, EMA at its decay 0.9 every 8 steps; each setting read from the run's config
+as the config's comment maps it, and ``--set KEY=VALUE`` overrides both runs). Its zero-advantage filter has no
+switch. Steps alternate in one process, and both are evaluated by gyremedia's held-out evaluation (the run's
+``eval`` section), the EMA weights as well.
+
+What is not matched: their reward servers, LoRA loading and multi-GPU gathering, and the solvers of the two
+NFT rollouts (DiffusionNFT's second-order multistep ``dpm2`` against gyremedia's Euler ``ode``: the same
+number of transformer calls).
 """
 
 from __future__ import annotations
@@ -49,9 +59,10 @@ from pathlib import Path
 
 import torch
 
+from gyremedia import evaluation
 from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager
-from gyremedia.rollout import Rollout
+from gyremedia.rollout import Media, Rollout
 from gyremedia.sampling import sample_trajectories
 from gyremedia.streams import Stream, sample_generators
 from gyremedia.trainer import Trainer
@@ -71,14 +82,21 @@ def best_of(repeats: int, function) -> tuple[float, object]:
     return min(times), result
 
 
+def trainer_on(config: Path, tmp: str, *overrides: str) -> Trainer:
+    """A set-up trainer on ``config`` with the ``overrides``, writing under ``tmp``, no progress bars."""
+    pm = PluginManager()
+    trainer = Trainer(resolve_config(load_config(config, [f"run.output_dir={tmp}", "logging.progress=false",
+                                                          *overrides]), pm), pm)
+    trainer.setup()
+    return trainer
+
+
 def quickstart(config: Path, batch: int, tmp: str, *extra: str):
     """A trainer on ``config`` (batch ``batch``, no KL, one minibatch, then the ``extra`` overrides), its state,
     and step 0's prompts, their conditions and initial noise."""
-    pm = PluginManager()
-    overrides = [f"run.output_dir={tmp}", "regularizers=[]", "train.num_minibatches=1", f"rollout.batch_size={batch}",
-                 "logging.progress=false", *extra]
-    trainer = Trainer(resolve_config(load_config(config, overrides), pm), pm)
-    state = trainer.setup()
+    trainer = trainer_on(config, tmp, "regularizers=[]", "train.num_minibatches=1", f"rollout.batch_size={batch}",
+                         *extra)
+    state = trainer.state
     prompts = trainer.rollout_request(0).prompts
     ids = list(range(len(prompts)))
     conditions = state.backbone.encode(prompts)
@@ -170,6 +188,146 @@ def flow_grpo_rows(clone: Path, batch: int, repeats: int) -> tuple[list[tuple[st
             (f"Flow-GRPO: training step, first {TRAINED} transitions", their_step, our_step)], parity
 
 
+def heldout_accuracy(trainer: Trainer) -> float:
+    """The trainer's held-out accuracy (%): its run's evaluation (fixed-seed samples, the eval sampler)."""
+    result = evaluation.evaluate(trainer.config, trainer.state.backbone, trainer.eval_sampler, trainer.state.rewards)
+    return 100 * result.means()[f"eval/{evaluation.accuracy_key(trainer.config)}"]
+
+
+class FlowGRPOLoop:
+    """Flow-GRPO's training loop (``scripts/train_sd3.py``, one epoch of 2 batches per step) around its own
+    sampling, SDE step, per-prompt stat tracker and EMA, on a gyremedia trainer's model, optimizer, prompts,
+    initial noise and rewards. Its settings are the run's config's, mapped as that config's comment maps them."""
+
+    def __init__(self, clone: Path, trainer: Trainer, seed: int) -> None:
+        their_package(clone)
+        from flow_grpo.diffusers_patch.sd3_pipeline_with_logprob import pipeline_with_logprob
+        from flow_grpo.diffusers_patch.sd3_sde_with_logprob import sde_step_with_logprob
+        from flow_grpo.ema import EMAModuleWrapper
+        from flow_grpo.stat_tracking import PerPromptStatTracker
+
+        self.sample, self.sde_step = pipeline_with_logprob, sde_step_with_logprob
+        self.trainer, self.seed = trainer, seed
+        self.module = trainer.state.backbone.trainable_module()
+        self.reference = copy.deepcopy(self.module).eval().requires_grad_(False)  # its adapter-disabled base
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.ema = EMAModuleWrapper(self.params, decay=0.9, update_step_interval=8)  # its train.ema settings
+        config, objective = trainer.config, trainer.config.objective
+        self.tracker = PerPromptStatTracker(global_std=config.core.advantage.std == "global")
+        self.global_step = 0
+        self.batches = config.core.train.num_minibatches  # num_batches_per_epoch: one optimizer step each
+        self.beta = sum(r.weight for r in config.regularizers if r.name == "gaussian_kl")  # train.beta
+        self.trained = math.floor(config.core.rollout.num_steps * objective.options.timestep_fraction)
+        self.clip, self.adv_clip_max = objective.options.clip_range, objective.options.adv_clip_max
+        self.noise_level, self.num_steps = config.sampler.options.noise_level, config.core.rollout.num_steps
+
+    def log_prob(self, net: torch.nn.Module, latents, timesteps, j: int, conditions):
+        """Its ``compute_log_prob`` (no CFG): the log-prob of transition ``j`` and the step's mean and std."""
+        t = timesteps[j].expand(len(latents))
+        prediction = net(hidden_states=latents[:, j], timestep=t, encoder_hidden_states=conditions["prompt_embeds"],
+                         pooled_projections=conditions["pooled_projections"], return_dict=False)[0]
+        _, log_prob, mean, std = self.sde_step(self.trainer.state.backbone.pipeline.scheduler, prediction.float(), t,
+                                               latents[:, j].float(), prev_sample=latents[:, j + 1].float(),
+                                               noise_level=self.noise_level)
+        return log_prob, mean, std
+
+    def train_step(self, step: int) -> None:
+        """Sample step ``step``'s batch with its pipeline, score it with the run's rewards, then its loop's body."""
+        trainer, backbone = self.trainer, self.trainer.state.backbone
+        request = trainer.rollout_request(step)
+        ids = request.sample_ids.tolist()
+        conditions = backbone.encode(request.prompts)
+        noise = backbone.sample_noise(sample_generators(self.seed, step, Stream.INITIAL_NOISE, ids))
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        self.module.eval()
+        images, latents, old_log_probs = self.sample(
+            backbone.pipeline, prompt_embeds=conditions["prompt_embeds"],
+            pooled_prompt_embeds=conditions["pooled_projections"], latents=noise,
+            num_inference_steps=self.num_steps, guidance_scale=1.0, output_type="pt", noise_level=self.noise_level,
+            generator=generator,
+            **backbone.generation_arguments())
+        latents, old_log_probs = torch.stack(latents, dim=1), torch.stack(old_log_probs, dim=1)
+        timesteps = backbone.pipeline.scheduler.timesteps
+        rollout = Rollout(prompts=request.prompts, sample_ids=request.sample_ids, group_ids=request.group_ids,
+                          conditions=conditions, states=latents, log_probs=old_log_probs)
+        trainer.score(rollout, step, trainer.scorer.submit(Media("image", images.float()), request.prompts))
+        advantages = torch.as_tensor(self.tracker.update(request.prompts, rollout.reward.cpu().numpy()),
+                                     dtype=torch.float32)
+        self.tracker.clear()
+        keep = advantages != 0  # it drops zero-advantage samples, then re-admits random ones to fill even batches
+        missing = -int(keep.sum()) % self.batches
+        dropped = torch.where(~keep)[0]
+        if missing and len(dropped) >= missing:
+            keep[dropped[torch.randperm(len(dropped), generator=generator)[:missing]]] = True
+        kept = torch.where(keep)[0]
+        self.module.train()
+        for batch in kept[torch.randperm(len(kept), generator=generator)].tensor_split(self.batches):
+            batch_conditions = {k: v[batch] for k, v in conditions.items()}
+            advantage = advantages[batch].clamp(-self.adv_clip_max, self.adv_clip_max)
+            for j in range(self.trained):  # accelerate divides each loss by the accumulation steps (the transitions)
+                log_prob, mean, std = self.log_prob(self.module, latents[batch], timesteps, j, batch_conditions)
+                ratio = torch.exp(log_prob - old_log_probs[batch, j])
+                loss = torch.maximum(-advantage * ratio, -advantage * ratio.clamp(1 - self.clip, 1 + self.clip)).mean()
+                if self.beta > 0:  # it runs the reference only for a KL term
+                    with torch.no_grad():
+                        _, reference_mean, _ = self.log_prob(self.reference, latents[batch], timesteps, j,
+                                                             batch_conditions)
+                    kl = ((mean - reference_mean) ** 2).mean(dim=(1, 2, 3), keepdim=True) / (2 * std ** 2)
+                    loss = loss + self.beta * kl.mean()
+                (loss / self.trained).backward()
+            their_update(self.module, trainer.state.optimizer)
+            self.global_step += 1
+            self.ema.step(self.params, self.global_step)
+
+    def ema_accuracy(self) -> float:
+        """Held-out accuracy of the EMA weights, which Flow-GRPO evaluates and saves."""
+        self.ema.copy_ema_to(self.params, store_temp=True)
+        try:
+            return heldout_accuracy(self.trainer)
+        finally:
+            self.ema.copy_temp_to(self.params)
+
+
+def flow_grpo_training(clone: Path, steps: int, seed: int, eval_every: int, settings: list[str]) -> list[str]:
+    """Train gyremedia's recipe and Flow-GRPO's loop from the same base (the recipe with the ``settings``
+    overrides, for both), alternating steps; the table of held-out accuracy at every evaluation and the mean
+    step times."""
+    with tempfile.TemporaryDirectory() as tmp:
+        overrides = [f"run.seed={seed}", f"train.steps={steps}", *settings]
+        ours = trainer_on(QUICKSTART_GRPO, f"{tmp}/ours", *overrides)
+        theirs = FlowGRPOLoop(clone, trainer_on(QUICKSTART_GRPO, f"{tmp}/theirs", *overrides), seed)
+        evaluations = sorted({*range(0, steps, eval_every), steps})
+        curves: dict[str, list[float]] = {"gyremedia": [], "theirs": [], "theirs_ema": []}
+        seconds = {"gyremedia": 0.0, "theirs": 0.0}
+        for step in range(steps + 1):
+            if step in evaluations:
+                curves["gyremedia"].append(heldout_accuracy(ours))
+                curves["theirs"].append(heldout_accuracy(theirs.trainer))
+                curves["theirs_ema"].append(theirs.ema_accuracy())
+                print(f"step {step}: " + ", ".join(f"{k} {v[-1]:.1f}%" for k, v in curves.items()), flush=True)
+            if step == steps:
+                break
+            for name, train_step in (("gyremedia", ours.train_step), ("theirs", theirs.train_step)):
+                start = time.perf_counter()
+                train_step(step)
+                seconds[name] += time.perf_counter() - start
+        ours.scorer.close()
+        theirs.trainer.scorer.close()
+    names = {"gyremedia": "gyremedia `grpo` (configs/quickstart_grpo.yaml)",
+             "theirs": "Flow-GRPO's training loop, its functions",
+             "theirs_ema": "Flow-GRPO's training loop, its EMA weights (what it evaluates)"}
+    lines = [f"held-out accuracy (%), seed {seed}, {steps} steps, both runs in one process, steps alternated"
+             + (f", with {' '.join(settings)}" if settings else "") + ":",
+             "| run | " + " | ".join(f"step {s}" for s in evaluations) + " | gain | seconds per step |",
+             "|---|" + "---|" * (len(evaluations) + 2)]
+    for key, curve in curves.items():
+        per_step = f"{seconds[key] / steps:.3f} s" if key in seconds else "—"
+        lines.append(f"| {names[key]} | " + " | ".join(f"{a:.1f}" for a in curve)
+                     + f" | {curve[-1] - curve[0]:+.1f} | {per_step} |")
+    lines.append(f"step time gyremedia / Flow-GRPO's loop: {seconds['gyremedia'] / seconds['theirs']:.2f}x")
+    return lines
+
+
 def diffusion_nft_rows(clone: Path, batch: int, repeats: int) -> list[tuple[str, float, float]]:
     """Sampling and training-step times of DiffusionNFT's code and gyremedia's on the NFT quickstart."""
     their_package(clone)
@@ -235,7 +393,15 @@ def main() -> None:
     parser.add_argument("--diffusion-nft", type=Path, default=None, help="a local clone of NVlabs/DiffusionNFT")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--train", type=int, default=0, metavar="STEPS",
+                        help="with --flow-grpo: also train both for STEPS steps and compare held-out gains")
+    parser.add_argument("--seed", type=int, default=0, help="the training comparison's run.seed")
+    parser.add_argument("--eval-every", type=int, default=50, help="the training comparison's evaluation interval")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for both runs of the training comparison (repeatable)")
     args = parser.parse_args()
+    if args.train and args.flow_grpo is None:
+        parser.error("--train needs --flow-grpo PATH")
     if args.flow_grpo is None and args.diffusion_nft is None:
         parser.error("give --flow-grpo PATH, --diffusion-nft PATH or both")
     rows, parity = [], None
@@ -255,6 +421,8 @@ def main() -> None:
     print("| part | their code | gyremedia | gyremedia / theirs |\n|---|---|---|---|")
     for part, theirs, ours in rows:
         print(f"| {part} | {theirs:.3f} s | {ours:.3f} s | {ours / theirs:.2f}x |")
+    if args.train:
+        print("\n".join(flow_grpo_training(args.flow_grpo, args.train, args.seed, args.eval_every, args.set)))
     if parity is not None and not math.isfinite(parity):
         raise SystemExit("log-probs differ: not finite")
 

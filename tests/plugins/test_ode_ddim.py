@@ -88,10 +88,14 @@ def test_ddim_eta_matches_diffusers_and_replays_its_log_probs(eta, zero_terminal
         if sigmas[i] == 1:  # from pure noise: x0 = -v; DDPM's posterior leaves no deterministic direction
             alpha_prev = 1 - sigmas[i + 1] ** 2
             torch.testing.assert_close(ours.next_state, -alpha_prev.sqrt() * v + sigmas[i + 1] * noise, rtol=0, atol=1e-6)
-            # diffusers takes the square root of 1 - a' - std^2, whose rounding error is about 1e-7 here
-            torch.testing.assert_close(ours.next_state, theirs, rtol=0, atol=3e-3)
-        else:
-            torch.testing.assert_close(ours.next_state, theirs, rtol=1e-5, atol=1e-5)
+            # diffusers takes the square root of 1 - a' - std^2, zero up to a rounding error of about 1e-7 here;
+            # where the CPU's kernels round it below zero its step is NaN everywhere (seen on one machine)
+            if theirs.isfinite().all():
+                torch.testing.assert_close(ours.next_state, theirs, rtol=0, atol=3e-3)
+            else:
+                assert theirs.isnan().all()
+        else:  # the step after pure noise takes that square root near zero as well: 2.4e-5 off on one machine
+            torch.testing.assert_close(ours.next_state, theirs, rtol=1e-5, atol=1e-4 if zero_terminal_snr else 1e-5)
         replayed = sampler.step(x, v, sigmas, i, next_state=ours.next_state)
         if ours.std == 0:
             assert torch.isnan(ours.log_prob).all()  # deterministic: nothing for a ratio to train
