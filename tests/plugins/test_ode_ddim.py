@@ -94,8 +94,9 @@ def test_ddim_eta_matches_diffusers_and_replays_its_log_probs(eta, zero_terminal
                 torch.testing.assert_close(ours.next_state, theirs, rtol=0, atol=3e-3)
             else:
                 assert theirs.isnan().all()
-        else:  # the step after pure noise takes that square root near zero as well: 2.4e-5 off on one machine
-            torch.testing.assert_close(ours.next_state, theirs, rtol=1e-5, atol=1e-4 if zero_terminal_snr else 1e-5)
+        else:  # the step after pure noise was 2.4e-5 off on one machine's kernels, every other step within 1e-6
+            after_pure_noise = i > 0 and sigmas[i - 1] == 1
+            torch.testing.assert_close(ours.next_state, theirs, rtol=1e-5, atol=1e-4 if after_pure_noise else 1e-5)
         replayed = sampler.step(x, v, sigmas, i, next_state=ours.next_state)
         if ours.std == 0:
             assert torch.isnan(ours.log_prob).all()  # deterministic: nothing for a ratio to train
