@@ -138,10 +138,10 @@ def resolve_sharding(config: ResolvedConfig, accelerator: Any, plugins: PluginMa
 FUSED_ADAMW_DEVICES = frozenset({"cpu", "cuda", "xpu", "mps"})
 
 
-def adamw(params: list[torch.nn.Parameter], **options: Any) -> torch.optim.AdamW:
-    """AdamW with its fused kernel (one kernel over all parameters: 3.8x faster than the per-tensor loop for the
-    quickstart's transformer on a CPU) where every parameter's device has it, else the default implementation."""
-    fused = all(p.device.type in FUSED_ADAMW_DEVICES and p.is_floating_point() for p in params)
+def adamw(params: list[torch.nn.Parameter], fused: bool, **options: Any) -> torch.optim.AdamW:
+    """AdamW; with ``fused``, its fused kernel where every parameter's device has it (``train.fused_adamw``),
+    else the default implementation."""
+    fused = fused and all(p.device.type in FUSED_ADAMW_DEVICES and p.is_floating_point() for p in params)
     return torch.optim.AdamW(params, fused=fused or None, **options)
 
 
@@ -233,8 +233,8 @@ class Trainer:
         if not params:
             raise ConfigError("the backbone has no trainable parameters")
         train = self.core.train
-        optimizer = adamw(params, lr=train.learning_rate, betas=(train.adam_beta1, train.adam_beta2),
-                          weight_decay=train.weight_decay)
+        optimizer = adamw(params, train.fused_adamw, lr=train.learning_rate,
+                          betas=(train.adam_beta1, train.adam_beta2), weight_decay=train.weight_decay)
         warmup = max(train.warmup_steps, 0)
         # One LR-schedule step per optimizer step. Not passed to accelerate.prepare, which would
         # advance it once per process and make the schedule depend on the process count.

@@ -89,6 +89,24 @@ def test_prompts_encoded_ahead_in_a_thread_change_no_number(make_config, tmp_pat
     assert runs[0] == runs[1]
 
 
+def test_fused_adamw_is_opt_in_and_trains_the_same_up_to_rounding(make_config, tmp_path):
+    """train.fused_adamw builds AdamW's fused kernel (on this CPU); the default keeps the per-tensor loop, and
+    both give the same weights up to float rounding after a few steps."""
+    weights, fused = [], []
+    for on in (False, True):
+        trainer = Trainer(make_config(f"run.output_dir={tmp_path / str(on)}", "train.steps=3",
+                                      f"train.fused_adamw={on}"), PluginManager())
+        state = trainer.setup()
+        for step in range(3):
+            trainer.train_step(step)
+        trainer.scorer.close()
+        fused.append(bool(state.optimizer.param_groups[0]["fused"]))
+        weights.append([p.detach().clone() for p in state.backbone.trainable_module().parameters() if p.requires_grad])
+    assert fused == [False, True]
+    for loop, kernel in zip(*weights):
+        torch.testing.assert_close(kernel, loop, rtol=0, atol=1e-5)
+
+
 def test_each_steps_prompts_are_drawn_once(make_config, tmp_path, monkeypatch):
     """The rollout, the prefetch of the next step's prompts and DDPO's per-prompt history read one draw."""
     trainer = Trainer(make_config("train.steps=3", "advantage.history=4", "advantage.min_count=2"), PluginManager())
