@@ -18,7 +18,10 @@ backbone: the same transformer object). Printed, the best of ``--repeats`` timin
 * **training step time**: one optimizer step over the first 3 transitions of that batch (Flow-GRPO's
   selection), as Flow-GRPO's training loop computes it (its step function for the log-prob, the clipped ratio
   with clip 1e-4, no KL, written here from its published loss, then backward and AdamW) against
-  gyremedia's ``grpo`` objective through ``Trainer.optimize``.
+  gyremedia's ``grpo`` objective through ``Trainer.optimize``;
+* **sampling + training step**: the two above added, and gyremedia's whole step with
+  ``train.reuse_rollout_forward`` timed as one (its rollout keeps the forwards of the 3 trained transitions with
+  their graphs, and the update trains on them instead of running the model again).
 
 ``--diffusion-nft``: its ``pipeline_with_logprob`` with its default solver (``dpm2``, deterministic) against
 gyremedia's ``ode`` rollout of the NFT quickstart (``configs/quickstart.yaml``), and one optimizer step of
@@ -184,8 +187,22 @@ def flow_grpo_rows(clone: Path, batch: int, repeats: int) -> tuple[list[tuple[st
         their_step, _ = best_of(repeats, theirs_train)
         our_step, _ = best_of(repeats, lambda: trainer.optimize(rollout, 0))
         trainer.scorer.close()
+        reusing = quickstart(QUICKSTART_GRPO, batch, f"{tmp}/reuse", "objective.skip_zero_advantage=false",
+                             "train.reuse_rollout_forward=true")[0]
+
+        def ours_reusing():  # the trainer's own rollout (the same prompts and noise), decoded, then its update
+            reused = reusing.collect_rollout(0)
+            reusing.state.backbone.decode(reused.final)
+            reused.advantages = advantages
+            reusing.optimize(reused, 0)
+
+        reusing_step, _ = best_of(repeats, ours_reusing)
+        reusing.scorer.close()
     return [("Flow-GRPO: sampling (with decode)", their_time, our_time),
-            (f"Flow-GRPO: training step, first {TRAINED} transitions", their_step, our_step)], parity
+            (f"Flow-GRPO: training step, first {TRAINED} transitions", their_step, our_step),
+            ("Flow-GRPO: sampling + training step", their_time + their_step, our_time + our_step),
+            ("Flow-GRPO: sampling + training step, gyremedia with train.reuse_rollout_forward",
+             their_time + their_step, reusing_step)], parity
 
 
 def heldout_accuracy(trainer: Trainer) -> float:

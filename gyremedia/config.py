@@ -89,6 +89,13 @@ class TrainSection:
     # quickstart's transformer on a CPU) where every parameter's device has it. Off by default: its updates differ
     # from the loop's by float rounding, so a run is another draw of the figures recorded with the loop.
     fused_adamw: bool = option(False, help="use the fused AdamW kernel where the device has it")
+    # The first minibatch trains on the weights that sampled it: the rollout's forwards of the transitions it will
+    # replay are computed with gradients and kept, and training takes them instead of running the model again
+    # (one forward fewer per trained transition of that minibatch; the same updates up to float rounding). Costs
+    # their activations' memory from sampling to training (no saving under gradient checkpointing). Off by
+    # default, so a run stays the same draw as the figures recorded without it. One process only.
+    reuse_rollout_forward: bool = option(False, help="train the first minibatch on the rollout's own forwards "
+                                                     "(grpo; one process)")
     max_grad_norm: float = option(1.0, gt=0, help="gradients are clipped to this global norm")
     warmup_steps: int = option(0, ge=0, help="linear learning-rate warm-up steps")
     num_minibatches: int = option(1, ge=1, help="optimizer steps per pass over a rollout; each takes a slice of it")
@@ -583,6 +590,23 @@ def _kl_shortcut(pm: PluginManager, selected: dict[str, Any]) -> list[str]:
     return []
 
 
+def _reuse_checks(core: TrainConfig, selected: dict[str, Any]) -> list[str]:
+    """``train.reuse_rollout_forward`` needs flat rollouts trained by the weights that sampled them, and an
+    objective that names the transitions it replays before they are sampled."""
+    if not core.train.reuse_rollout_forward:
+        return []
+    errors, objective, off = [], selected.get("objective"), "or train.reuse_rollout_forward=false"
+    if objective is not None and not objective.meta.get("plans_transitions"):
+        errors.append(f"train.reuse_rollout_forward: objective {objective.name!r} does not name the transitions it "
+                      f"replays before sampling: use objective grpo, {off}")
+    if core.rollout.async_scoring:
+        errors.append(f"train.reuse_rollout_forward trains a rollout on the weights that sampled it: set "
+                      f"rollout.async_scoring=false, {off}")
+    if core.rollout.branch_steps:
+        errors.append(f"train.reuse_rollout_forward keeps flat rollouts' forwards: set rollout.branch_steps=[], {off}")
+    return errors
+
+
 def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager, sampler_given: bool) -> list[str]:
     """Constraints between keys that no single field's range can express (each field's own range is
     checked where it is declared, :mod:`gyremedia.options`)."""
@@ -608,6 +632,7 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
         if backbone is not None and backbone.meta.get("transitions") != "denoising":
             errors.append(f"rollout.candidates selects initial noises, which backbone {backbone.name!r} does not "
                           f"denoise from: set rollout.candidates=0")
+    errors += _reuse_checks(core, selected)
     adv = core.advantage
     if adv.history and adv.combine != "sum":
         errors.append(f"advantage.history={adv.history} keeps each prompt's total reward: use advantage.combine=sum "

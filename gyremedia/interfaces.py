@@ -45,6 +45,9 @@ class RolloutRequest:
     # None: the sample's id (its group's with same_noise_in_group). Candidate selection sets both.
     noise_ids: torch.Tensor | None = None
     noise_stream: int = 0  # Stream.INITIAL_NOISE
+    # train.reuse_rollout_forward: the transitions whose model outputs on the first chunk are computed with
+    # gradients and kept for training (gyremedia.sampling.KeptForwards); a policy may ignore it (training replays)
+    keep_forwards: tuple[int, ...] = ()
 
 
 @dataclass

@@ -6,6 +6,9 @@ trajectory is the same on one process or many, and after a resume.
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass, field
+
 import torch
 
 from gyremedia.interfaces import Backbone, ObjectiveContext, Sampler, Transition
@@ -32,11 +35,48 @@ def noise_like(x: torch.Tensor, generators: list[torch.Generator]) -> torch.Tens
     return noise.to(device=x.device, dtype=x.dtype)
 
 
+@dataclass
+class KeptForwards:
+    """The policy's outputs at some transitions of a rollout's first chunk, computed with gradients while it was
+    sampled (``train.reuse_rollout_forward``). Until the first optimizer step changes the weights they are exactly
+    what a replay of those transitions would compute, so training takes them (each once: its backward frees the
+    graph) instead of running the model again."""
+
+    sample_ids: torch.Tensor  # [B] the samples the outputs are of, in their rows' order
+    indices: frozenset[int]  # the transitions whose outputs are kept
+    outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # transition -> output [B, ...] with its graph
+
+    KEY = "kept_forwards"  # where a rollout's extras hold them
+
+    def take(self, index: int, sample_ids: torch.Tensor) -> torch.Tensor | None:
+        """The kept output of transition ``index`` for ``sample_ids`` (a subset of the kept rows), or None."""
+        output = self.outputs.pop(index, None)
+        if output is None:
+            return None
+        match = sample_ids.to(self.sample_ids.device)[:, None] == self.sample_ids[None, :]
+        if not bool(match.any(dim=1).all()):
+            return None
+        rows = match.int().argmax(dim=1)
+        return output if torch.equal(rows, torch.arange(len(self.sample_ids), device=rows.device)) else \
+            output[rows.to(output.device)]
+
+    @classmethod
+    def discard(cls, rollout: Rollout) -> None:
+        """Drop a rollout's kept outputs and their graphs: the weights are about to change."""
+        kept = rollout.extras.pop(cls.KEY, None)
+        if kept is not None:
+            kept.outputs.clear()
+
+
 @torch.no_grad()
 def sample_trajectories(backbone: Backbone, sampler: Sampler, conditions: dict[str, torch.Tensor], *,
                         initial_generators: list[torch.Generator], step_generators: list[torch.Generator],
-                        num_steps: int, guidance_scale: float) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Roll out one batch; returns ``states [B, S+1, ...]``, ``log_probs [B, S]`` (or None) and ``sigmas``."""
+                        num_steps: int, guidance_scale: float,
+                        keep: KeptForwards | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Roll out one batch; returns ``states [B, S+1, ...]``, ``log_probs [B, S]`` (or None) and ``sigmas``.
+
+    With ``keep``, the model's outputs at ``keep.indices`` are computed with gradients and stored in it
+    (the trajectory itself carries none: every step continues from the detached output)."""
     x = backbone.sample_noise(initial_generators)
     sigmas = backbone.sigmas(num_steps).to(x.device)
     states, log_probs = [x], []
@@ -46,7 +86,11 @@ def sample_trajectories(backbone: Backbone, sampler: Sampler, conditions: dict[s
 
     extra = {"predict": predict} if getattr(sampler, "needs_predict", False) else {}
     for i in range(num_steps):
-        output = predict(x, sigmas[i])
+        kept = keep is not None and i in keep.indices
+        with torch.enable_grad() if kept else contextlib.nullcontext():
+            output = predict(x, sigmas[i])
+        if kept and output.requires_grad:
+            keep.outputs[i], output = output, output.detach()
         noise = noise_like(x, step_generators) if sampler.has_log_prob else None
         transition = sampler.step(x, output, sigmas, i, noise=noise, **extra)
         x = transition.next_state
@@ -62,11 +106,16 @@ def replay_transition(ctx: ObjectiveContext, rollout: Rollout, index: int, *,
     """Recompute transition ``index`` of a recorded rollout under the current (or reference) policy.
 
     Returns the sampler's transition (mean, std and the log-prob of the recorded next state) and
-    the model output, so objectives and regularizers can use either.
+    the model output, so objectives and regularizers can use either. The policy's output is the one kept
+    while sampling where the rollout holds it (:class:`KeptForwards`).
     """
     if rollout.sigmas is None:
         raise ValueError("replay needs a denoising rollout with sigmas")
     x = rollout.states[:, index]
-    output = ctx.backbone.predict(x, rollout.sigmas[index], rollout.conditions, ctx.guidance_scale, reference=reference)
+    kept = None if reference else rollout.extras.get(KeptForwards.KEY)
+    output = kept.take(index, rollout.sample_ids) if kept is not None else None
+    if output is None:
+        output = ctx.backbone.predict(x, rollout.sigmas[index], rollout.conditions, ctx.guidance_scale,
+                                      reference=reference)
     transition = ctx.sampler.step(x, output, rollout.sigmas, index, next_state=rollout.states[:, index + 1])
     return transition, output

@@ -36,6 +36,7 @@ from gyremedia.plugins import PluginManager, call_each
 from gyremedia.media_io import plot_metrics, plot_pareto_front
 from gyremedia.monitor import HackingMonitor
 from gyremedia.rollout import Rollout
+from gyremedia.sampling import KeptForwards
 from gyremedia.state import TrainState
 from gyremedia.runs import CHANGES_FILE, EXPORT_DIR, RESOLVED_CONFIG
 from gyremedia.scoring import RewardError, Scorer, reward_error  # noqa: F401 - RewardError is part of the API
@@ -163,6 +164,11 @@ class Trainer:
         self.accelerator = accelerator or _create_accelerator()
         check_process_layout(config, self.accelerator.num_processes)
         self.sharded = resolve_sharding(config, self.accelerator, plugins)
+        self.reuse_forwards = self.core.train.reuse_rollout_forward and self.accelerator.num_processes == 1
+        if self.core.train.reuse_rollout_forward and not self.reuse_forwards:
+            logger.warning("train.reuse_rollout_forward is off: it keeps one process's graphs, and %d processes "
+                           "synchronise gradients in their own forwards; training replays every transition",
+                           self.accelerator.num_processes)
         self.run_dir = Path(self.core.run.output_dir)
         self.resume = resume
         self._refuse_to_overwrite()
@@ -308,9 +314,10 @@ class Trainer:
         pareto = self.core.pareto
         preference = (preference_weights(self.core.run.seed, step, group_ids, len(self.config.rewards), pareto.concentration)
                       if pareto.enabled else None)
+        keep = tuple(self.state.objective.planned_transitions(r.num_steps, step)) if self.reuse_forwards else ()
         return RolloutRequest(step=step, seed=self.core.run.seed, prompts=[group_prompts[g] for g in group_ids.tolist()],
                               sample_ids=sample_ids, group_ids=group_ids, chunks=self.core.train.num_minibatches,
-                              settings=r, preference=preference)
+                              settings=r, preference=preference, keep_forwards=keep)
 
     def collect_rollout(self, step: int) -> Rollout:
         """The rollout stage (``gyremedia_collect_rollout``): by default the policy samples the request itself."""
@@ -426,7 +433,9 @@ class Trainer:
         prepare = getattr(state.objective, "prepare", None)
         if callable(prepare):
             prepare(ctx, rollout)
-        for begin in [b for _ in range(train.num_iterations) for b in range(0, len(rollout), size)]:
+        for n, begin in enumerate([b for _ in range(train.num_iterations) for b in range(0, len(rollout), size)]):
+            if n:  # after the first update the forwards kept while sampling are stale
+                KeptForwards.discard(rollout)
             batch = rollout.select(slice(begin, begin + size))
             micro_steps = state.objective.micro_steps(batch, step)
             not_finite: set[str] = set()
@@ -473,6 +482,7 @@ class Trainer:
             state.lr_scheduler.step()
             state.optimizer.zero_grad(set_to_none=True)
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm * len(micro_steps)
+        KeptForwards.discard(rollout)  # a single minibatch, or one that did not replay what was kept
         metrics = {key: mean_over_ranks(acc, total / count) for key, total in sums.items()}
         metrics["lr"] = state.lr_scheduler.get_last_lr()[0]
         if train.on_nonfinite == "skip":

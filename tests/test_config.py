@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -94,3 +95,14 @@ def test_cli_rejects_bad_config_in_seconds_without_loading_a_model(tiny_yaml, tm
     assert "LOADED []" in result.stderr
     assert not (tmp_path / "run").exists()
     assert elapsed < 30
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["objective={name: nft}", "sampler.name=ode"], "objective 'nft' does not name the transitions it replays"),
+    (["rollout.async_scoring=true"], "set rollout.async_scoring=false"),
+    (["objective={name: tree_grpo}", "rollout.branch_steps=[0, 1]"], "set rollout.branch_steps=[]"),
+])
+def test_reused_rollout_forwards_need_an_on_policy_flat_rollout_and_a_planning_objective(make_config, overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make_config("train.reuse_rollout_forward=true", *overrides)
+    make_config(*overrides)  # the same settings without it are fine

@@ -8,7 +8,7 @@ import torch
 from gyremedia.interfaces import BuildContext, ObjectiveContext
 from gyremedia.plugins import PluginManager
 from gyremedia.rollout import Rollout
-from gyremedia.sampling import replay_transition, sample_generators, sample_trajectories
+from gyremedia.sampling import KeptForwards, replay_transition, sample_generators, sample_trajectories
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -36,3 +36,13 @@ def test_replayed_log_probs_equal_rollout_log_probs(make_config, sampler_name, d
         # a deterministic step (cps's last) has no density in either: NaN in both
         torch.testing.assert_close(transition.log_prob, log_probs[:, i], rtol=0, atol=1e-5 if dtype == "float32" else 0,
                                    equal_nan=True)
+
+
+def test_kept_forwards_give_each_output_once_for_the_rows_asked():
+    kept = KeptForwards(torch.tensor([4, 5, 6, 7]), frozenset({0, 1}),
+                        {0: torch.arange(4.0).requires_grad_(), 1: torch.arange(4.0)})
+    subset = kept.take(0, torch.tensor([7, 5]))
+    assert subset.tolist() == [3.0, 1.0] and subset.requires_grad  # rows by sample id, graph kept
+    assert kept.take(0, torch.tensor([7, 5])) is None  # once: its backward frees the graph
+    assert kept.take(1, torch.tensor([5, 8])) is None  # a sample it did not keep: replay instead
+    assert kept.take(2, torch.tensor([4])) is None

@@ -107,6 +107,32 @@ def test_fused_adamw_is_opt_in_and_trains_the_same_up_to_rounding(make_config, t
         torch.testing.assert_close(kernel, loop, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("overrides", [("train.num_minibatches=2",), ("objective.timestep_fraction=0.67",)],
+                         ids=["first-of-two-minibatches", "one-minibatch"])
+def test_reused_rollout_forwards_train_the_same_weights_with_fewer_forwards(make_config, tmp_path, overrides):
+    """train.reuse_rollout_forward: the first minibatch trains on the forwards its rollout kept (the same chunk,
+    the same kernels), so the weights are the same to the bit and every trained transition of that minibatch
+    costs one forward fewer; later minibatches, after the first update, replay."""
+    weights, forwards = [], []
+    for reuse in (False, True):
+        trainer = Trainer(make_config(f"run.output_dir={tmp_path / str(reuse)}", "train.steps=3", *overrides,
+                                      f"train.reuse_rollout_forward={reuse}"), PluginManager())
+        state = trainer.setup()
+        rows = []
+        state.backbone.trainable_module().register_forward_pre_hook(
+            lambda module, args, kwargs: rows.append(kwargs["hidden_states"].shape[0]), with_kwargs=True)
+        for step in range(3):
+            trainer.train_step(step)
+        trainer.scorer.close()
+        forwards.append(sum(rows))
+        weights.append([p.detach().clone() for p in state.backbone.trainable_module().parameters()])
+    config = trainer.config.core
+    first_minibatch = config.rollout.batch_size // config.train.num_minibatches
+    trained = len(trainer.state.objective.planned_transitions(config.rollout.num_steps, 0))
+    assert forwards[0] - forwards[1] == 3 * trained * first_minibatch
+    assert all(torch.equal(a, b) for a, b in zip(*weights))
+
+
 def test_each_steps_prompts_are_drawn_once(make_config, tmp_path, monkeypatch):
     """The rollout, the prefetch of the next step's prompts and DDPO's per-prompt history read one draw."""
     trainer = Trainer(make_config("train.steps=3", "advantage.history=4", "advantage.min_count=2"), PluginManager())

@@ -21,7 +21,7 @@ import torch
 
 from gyremedia.interfaces import Generated, RolloutRequest, Sampler
 from gyremedia.rollout import Media, Rollout
-from gyremedia.sampling import noise_like, renoise, sample_trajectories
+from gyremedia.sampling import KeptForwards, noise_like, renoise, sample_trajectories
 from gyremedia.streams import Stream, sample_generators
 from gyremedia.tree import sample_trees
 
@@ -65,7 +65,7 @@ class DenoisingPolicy:
         chunk = per_rank // request.chunks
         noise_ids = request.noise_ids if request.noise_ids is not None else (
             request.group_ids if r.same_noise_in_group else request.sample_ids)
-        parts, ancestors, forward_rows, sigmas = [], [], 0, None
+        parts, ancestors, forward_rows, sigmas, kept = [], [], 0, None, None
         for begin in range(0, per_rank, chunk):
             span = slice(begin, begin + chunk)
             preference = request.preference[span] if request.preference is not None else None
@@ -82,23 +82,25 @@ class DenoisingPolicy:
                 ancestors.append(tree.ancestors + (ancestors[-1].max(dim=0).values + 1 if ancestors else 0))
                 forward_rows += tree.forward_rows
             else:
+                if begin == 0 and request.keep_forwards:  # the first minibatch trains before any weight changes
+                    kept = KeptForwards(request.sample_ids[span], frozenset(request.keep_forwards))
                 states, log_probs, sigmas = sample_trajectories(
                     self, sampler, conditions,
                     initial_generators=sample_generators(request.seed, request.step, Stream(request.noise_stream),
                                                          noise_ids[span].tolist()),
                     step_generators=sample_generators(request.seed, request.step, Stream.STEP_NOISE,
                                                       request.sample_ids[span].tolist()),
-                    num_steps=r.num_steps, guidance_scale=r.guidance_scale)
+                    num_steps=r.num_steps, guidance_scale=r.guidance_scale, keep=kept if begin == 0 else None)
             parts.append((conditions, states, log_probs))
+        extras = {KeptForwards.KEY: kept} if kept is not None else {}
+        if ancestors:  # the tree structure, and the share of a flat rollout's model evaluations it needed
+            extras = {"tree_ancestors": torch.cat(ancestors), "forward_fraction": forward_rows / (per_rank * r.num_steps)}
         return Rollout(
             prompts=list(request.prompts), sample_ids=request.sample_ids, group_ids=request.group_ids,
             conditions={k: torch.cat([p[0][k] for p in parts]) for k in parts[0][0]},
             states=torch.cat([p[1] for p in parts]),
             log_probs=torch.cat([p[2] for p in parts]) if parts[0][2] is not None else None,
-            sigmas=sigmas,
-            # the tree structure, and the share of a flat rollout's model evaluations it needed
-            extras={"tree_ancestors": torch.cat(ancestors), "forward_fraction": forward_rows / (per_rank * r.num_steps)}
-            if ancestors else {},
+            sigmas=sigmas, extras=extras,
         )
 
     def media(self, rollout: Rollout) -> Media:

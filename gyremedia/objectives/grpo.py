@@ -53,6 +53,7 @@ class GRPOObjective:
 
     requires_log_prob = True
     transitions = "denoising"  # it replays sampler steps
+    plans_transitions = True  # planned_transitions: what it will replay, before the rollout
     kl_regularizer = "gaussian_kl"  # what `kl_beta` selects
 
     def __init__(self, options: GRPOOptions, context: BuildContext) -> None:
@@ -62,7 +63,15 @@ class GRPOObjective:
     def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
         """The transitions trained on this step, shared by the batch: all stochastic ones, or the
         ``transition_selection`` subset of them (deterministic steps are never trained)."""
-        trainable = self.trainable_steps(rollout)
+        return self.select_transitions(self.trainable_steps(rollout), step)
+
+    def planned_transitions(self, num_transitions: int, step: int) -> list[int]:
+        """The transitions step ``step`` will train if all ``num_transitions`` are stochastic, known before the
+        rollout is sampled (``train.reuse_rollout_forward`` keeps the rollout's forwards of them)."""
+        return self.select_transitions(list(range(num_transitions)), step)
+
+    def select_transitions(self, trainable: list[int], step: int) -> list[int]:
+        """The ``transition_selection`` subset of the ``trainable`` transitions for step ``step``."""
         how, fraction = self.options.transition_selection, self.options.timestep_fraction
         count = max(1, math.floor(len(trainable) * fraction + 1e-9) if how == "first" else round(len(trainable) * fraction))
         if count >= len(trainable):
