@@ -93,9 +93,10 @@ class TrainSection:
     # replay are computed with gradients and kept, and training takes them instead of running the model again
     # (one forward fewer per trained transition of that minibatch; the same updates up to float rounding). Costs
     # their activations' memory from sampling to training (no saving under gradient checkpointing). Off by
-    # default, so a run stays the same draw as the figures recorded without it. One process only.
+    # default, so a run stays the same draw as the figures recorded without it. Under DDP that minibatch averages
+    # its gradients itself; a sharded (FSDP2) model replays.
     reuse_rollout_forward: bool = option(False, help="train the first minibatch on the rollout's own forwards "
-                                                     "(grpo; one process)")
+                                                     "(grpo; not sharded)")
     max_grad_norm: float = option(1.0, gt=0, help="gradients are clipped to this global norm")
     warmup_steps: int = option(0, ge=0, help="linear learning-rate warm-up steps")
     num_minibatches: int = option(1, ge=1, help="optimizer steps per pass over a rollout; each takes a slice of it")

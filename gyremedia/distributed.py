@@ -49,3 +49,16 @@ def global_nanmeans(accelerator, values: dict[str, torch.Tensor]) -> dict[str, f
             entry[0] += total
             entry[1] += count
     return {key: total / count if count else math.nan for key, (total, count) in sorted(totals.items())}
+
+
+def average_gradients(accelerator, params: list[torch.Tensor]) -> None:
+    """Average the parameters' gradients over the ranks in place, as DDP's synchronised backward does (for
+    gradients accumulated outside it); one collective over all of them."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if accelerator.num_processes == 1 or not grads:
+        return
+    flat = torch.cat([g.flatten() for g in grads])
+    torch.distributed.all_reduce(flat)
+    flat /= accelerator.num_processes
+    for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
+        grad.copy_(part.view_as(grad))

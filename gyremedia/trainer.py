@@ -30,7 +30,7 @@ from gyremedia.advantages import PromptStatTracker, distributed_group_advantages
 from gyremedia.candidates import contrastive_subset
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
-from gyremedia.distributed import global_nanmeans, mean_over_ranks
+from gyremedia.distributed import average_gradients, global_nanmeans, mean_over_ranks
 from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext, RolloutRequest
 from gyremedia.plugins import PluginManager, call_each
 from gyremedia.media_io import plot_metrics, plot_pareto_front
@@ -164,11 +164,10 @@ class Trainer:
         self.accelerator = accelerator or _create_accelerator()
         check_process_layout(config, self.accelerator.num_processes)
         self.sharded = resolve_sharding(config, self.accelerator, plugins)
-        self.reuse_forwards = self.core.train.reuse_rollout_forward and self.accelerator.num_processes == 1
-        if self.core.train.reuse_rollout_forward and not self.reuse_forwards:
-            logger.warning("train.reuse_rollout_forward is off: it keeps one process's graphs, and %d processes "
-                           "synchronise gradients in their own forwards; training replays every transition",
-                           self.accelerator.num_processes)
+        self.reuse_forwards = self.core.train.reuse_rollout_forward and not self.sharded
+        if self.core.train.reuse_rollout_forward and self.sharded:
+            logger.warning("train.reuse_rollout_forward is off: a sharded model gathers its weights per forward "
+                           "and frees them after; training replays every transition")
         self.run_dir = Path(self.core.run.output_dir)
         self.resume = resume
         self._refuse_to_overwrite()
@@ -325,7 +324,9 @@ class Trainer:
         state.backbone.trainable_module().eval()
         request = self.rollout_request(step)
         pool_reward = self.choose_candidates(request) if self.core.rollout.candidates else None
-        rollout = state.plugins.hook.gyremedia_collect_rollout(state=state, request=request)
+        # forwards kept for training do not synchronise gradients: their minibatch averages them itself
+        with self.accelerator.no_sync(self._trained_module) if request.keep_forwards else contextlib.nullcontext():
+            rollout = state.plugins.hook.gyremedia_collect_rollout(state=state, request=request)
         if request.preference is not None:  # what the advantages weigh the rewards by
             rollout.extras["preference"] = request.preference
         if pool_reward is not None:
@@ -437,12 +438,14 @@ class Trainer:
             if n:  # after the first update the forwards kept while sampling are stale
                 KeptForwards.discard(rollout)
             batch = rollout.select(slice(begin, begin + size))
+            reduce_here = KeptForwards.KEY in batch.extras and acc.num_processes > 1  # their backward syncs nothing
             micro_steps = state.objective.micro_steps(batch, step)
             not_finite: set[str] = set()
             for k, micro in enumerate(micro_steps):
                 last = k == len(micro_steps) - 1
                 # sharded gradients are reduce-scattered every micro-step (skipping it would keep whole ones)
-                sync = contextlib.nullcontext() if last or self.sharded else acc.no_sync(self._trained_module)
+                sync = contextlib.nullcontext() if (last and not reduce_here) or self.sharded else \
+                    acc.no_sync(self._trained_module)
                 with sync:
                     out = state.objective.loss(ctx, batch, micro)
                     loss, terms = out.loss, dict(out.metrics)
@@ -465,6 +468,8 @@ class Trainer:
                         not_finite.add(key)
                     sums[key] = sums.get(key, 0.0) + value
                 count += 1
+            if reduce_here:
+                average_gradients(acc, self._params)
             grad_norm = float(acc.clip_grad_norm_(self._params, train.max_grad_norm))
             if not math.isfinite(grad_norm):
                 not_finite.add("grad_norm")

@@ -103,6 +103,21 @@ def test_fsdp2_shards_the_model_and_trains_as_ddp(single_and_ddp, tiny_yaml, tmp
 
 
 @pytest.mark.slow
+def test_reused_rollout_forwards_on_two_processes_train_as_ddp(single_and_ddp, tiny_yaml, tmp_path):
+    """train.reuse_rollout_forward under DDP: the kept forwards' backward synchronises nothing, so their
+    minibatch averages its gradients itself; the replicas stay identical and end with DDP's weights (1e-6: the
+    reduction's rounding differs), for the first of two minibatches and for a single one."""
+    _, ddp = single_and_ddp
+    for minibatches in (1, 2):
+        reuse = ("train.reuse_rollout_forward=true", f"train.num_minibatches={minibatches}")
+        ranks = run_worker(tiny_yaml, tmp_path / f"reuse{minibatches}", 2, reuse)
+        expected = ddp if minibatches == 1 else run_worker(tiny_yaml, tmp_path / "ddp2", 2, reuse[1:])
+        assert ranks[0]["weights"] == ranks[1]["weights"]
+        torch.testing.assert_close(torch.tensor(ranks[0]["weights"]), torch.tensor(expected[0]["weights"]),
+                                   rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
 def test_fsdp2_trains_nft_with_an_old_policy_as_ddp_does(tiny_yaml, tmp_path):
     """The EMA old policy NFT compares with is swapped into the shards in place (FSDP gathers from the
     shards' own storage) and checkpointed whole: sharded and replicated runs end with the same weights."""
