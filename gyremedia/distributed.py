@@ -53,12 +53,11 @@ def global_nanmeans(accelerator, values: dict[str, torch.Tensor]) -> dict[str, f
 
 def average_gradients(accelerator, params: list[torch.Tensor]) -> None:
     """Average the parameters' gradients over the ranks in place, as DDP's synchronised backward does (for
-    gradients accumulated outside it); one collective over all of them."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if accelerator.num_processes == 1 or not grads:
+    gradients accumulated outside it); each in place, so no second copy of them is held. Every trained parameter
+    has a gradient on every rank (DDP requires it), so the ranks run the same collectives."""
+    if accelerator.num_processes == 1:
         return
-    flat = torch.cat([g.flatten() for g in grads])
-    torch.distributed.all_reduce(flat)
-    flat /= accelerator.num_processes
-    for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
-        grad.copy_(part.view_as(grad))
+    for p in params:
+        if p.grad is not None:
+            torch.distributed.all_reduce(p.grad)
+            p.grad /= accelerator.num_processes

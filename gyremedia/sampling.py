@@ -93,6 +93,8 @@ def sample_trajectories(backbone: Backbone, sampler: Sampler, conditions: dict[s
             keep.outputs[i], output = output, output.detach()
         noise = noise_like(x, step_generators) if sampler.has_log_prob else None
         transition = sampler.step(x, output, sigmas, i, noise=noise, **extra)
+        if kept and (transition.log_prob is None or not bool(torch.isfinite(transition.log_prob).all())):
+            keep.outputs.pop(i, None)  # a deterministic step is never trained: free its graph now
         x = transition.next_state
         states.append(x)
         if transition.log_prob is not None:

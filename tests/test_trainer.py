@@ -14,6 +14,7 @@ from gyremedia.config import ConfigError
 from gyremedia.checkpoint import latest_checkpoint, list_checkpoints
 from gyremedia.cli import main
 from gyremedia.plugins import PluginManager
+from gyremedia.sampling import KeptForwards
 from gyremedia.trainer import RewardError, Trainer
 
 
@@ -123,6 +124,7 @@ def test_reused_rollout_forwards_train_the_same_weights_with_fewer_forwards(make
             lambda module, args, kwargs: rows.append(kwargs["hidden_states"].shape[0]), with_kwargs=True)
         for step in range(3):
             trainer.train_step(step)
+            assert KeptForwards.KEY not in state.rollout.extras  # no graph outlives its update
         trainer.scorer.close()
         forwards.append(sum(rows))
         weights.append([p.detach().clone() for p in state.backbone.trainable_module().parameters()])

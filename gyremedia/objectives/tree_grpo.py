@@ -51,6 +51,7 @@ class TreeGRPOObjective(GRPOObjective):
     """GRPO whose transition advantages are the values of the subtrees they lead to."""
 
     needs_tree_rollouts = True
+    plans_transitions = False  # it replays once per tree node, never from kept forwards
 
     def trainable_steps(self, rollout: Rollout) -> list[int]:
         kept = [i for i in super().trainable_steps(rollout) if i not in self.options.skip_steps]
