@@ -112,6 +112,8 @@ def measure(config_path: Path, overrides: list[str], steps: int, warmup: int, ou
     overrides = [f"run.output_dir={out}", f"train.steps={warmup + steps}", "eval.every=0", "logging.progress=false",
                  "export.on_train_end=false", *overrides]
     trainer = Trainer(resolve_config(load_config(config_path, overrides), pm), pm)
+    if trainer.core.train.compile:  # its hooks would be traced into the compiled graph, or break it
+        raise SystemExit("overhead.py times the eager model's forwards with hooks: leave train.compile off")
     state = trainer.setup()
     if not prefetch:
         state.backbone.prefetch = None

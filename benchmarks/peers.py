@@ -1,6 +1,7 @@
 """gyremedia beside Flow-GRPO's and DiffusionNFT's own code, on the same tiny pipeline, prompts and noise.
 
-    python benchmarks/peers.py --flow-grpo PATH [--diffusion-nft PATH] [--batch 32] [--repeats 3] [--train 150]
+    python benchmarks/peers.py --flow-grpo PATH [--diffusion-nft PATH] [--batch 32] [--repeats 3] [--compile]
+                               [--train 150]
 
 Each ``PATH`` is a local clone (github.com/yifan123/flow_grpo, github.com/NVlabs/DiffusionNFT; not part of this
 repository and not needed by its tests; both name their package ``flow_grpo``, so each is imported on its own).
@@ -32,6 +33,11 @@ reference forward left out as the quickstart has no KL, against gyremedia's ``nf
 ``Trainer.optimize``. With the old policy's decay at 0 and one update per rollout gyremedia takes the old
 prediction from the policy's own forward (``ForwardProcessObjective.old_is_current``; a test shows the run is
 the same to the bit); DiffusionNFT runs the old policy's forward every time (its decay is 0 only at step 0).
+Then the two added, as a whole step.
+
+``--compile``: gyremedia's whole steps again with ``train.compile`` (the policy's network compiled by
+``torch.compile``; each variant runs one untimed step first, which compiles), for Flow-GRPO also with
+``train.reuse_rollout_forward``. Neither peer compiles its model, so their code runs as published: eager.
 
 ``--train STEPS`` (with ``--flow-grpo``; ``--seed``, ``--eval-every``): held-out gains. Two trainers on
 ``configs/quickstart_grpo.yaml`` start from the same weights; one trains with gyremedia's ``train_step``, the
@@ -131,7 +137,7 @@ def ours_sample(state, conditions, ids):
     return states, log_probs, sigmas
 
 
-def flow_grpo_rows(clone: Path, batch: int, repeats: int) -> tuple[list[tuple[str, float, float]], float]:
+def flow_grpo_rows(clone: Path, batch: int, repeats: int, compiled: bool) -> tuple[list[tuple[str, float, float]], float]:
     """Sampling and training-step times of Flow-GRPO's code and gyremedia's, and the log-prob parity."""
     their_package(clone)
     from flow_grpo.diffusers_patch.sd3_pipeline_with_logprob import pipeline_with_logprob
@@ -187,22 +193,38 @@ def flow_grpo_rows(clone: Path, batch: int, repeats: int) -> tuple[list[tuple[st
         their_step, _ = best_of(repeats, theirs_train)
         our_step, _ = best_of(repeats, lambda: trainer.optimize(rollout, 0))
         trainer.scorer.close()
-        reusing = quickstart(QUICKSTART_GRPO, batch, f"{tmp}/reuse", "objective.skip_zero_advantage=false",
-                             "train.reuse_rollout_forward=true")[0]
-
-        def ours_reusing():  # the trainer's own rollout (the same prompts and noise), decoded, then its update
-            reused = reusing.collect_rollout(0)
-            reusing.state.backbone.decode(reused.final)
-            reused.advantages = advantages
-            reusing.optimize(reused, 0)
-
-        reusing_step, _ = best_of(repeats, ours_reusing)
-        reusing.scorer.close()
+        variants = {"train.reuse_rollout_forward": ["train.reuse_rollout_forward=true"]}
+        if compiled:
+            variants |= {"train.compile": ["train.compile=true"],
+                         "train.compile and train.reuse_rollout_forward": ["train.compile=true",
+                                                                            "train.reuse_rollout_forward=true"]}
+        whole = whole_step_times(QUICKSTART_GRPO, batch, tmp, repeats, advantages, variants,
+                                 "objective.skip_zero_advantage=false")
     return [("Flow-GRPO: sampling (with decode)", their_time, our_time),
             (f"Flow-GRPO: training step, first {TRAINED} transitions", their_step, our_step),
             ("Flow-GRPO: sampling + training step", their_time + their_step, our_time + our_step),
-            ("Flow-GRPO: sampling + training step, gyremedia with train.reuse_rollout_forward",
-             their_time + their_step, reusing_step)], parity
+            *[(f"Flow-GRPO: sampling + training step, gyremedia with {label}", their_time + their_step, seconds)
+              for label, seconds in whole.items()]], parity
+
+
+def whole_step_times(config: Path, batch: int, tmp: str, repeats: int, advantages: torch.Tensor,
+                     variants: dict[str, list[str]], *common: str) -> dict[str, float]:
+    """The best of ``repeats`` whole steps of gyremedia (its rollout of step 0's prompts and noise, decoded, then
+    its update on ``advantages``) for each variant's overrides, after one untimed step (a compiled one compiles)."""
+    seconds = {}
+    for label, overrides in variants.items():
+        trainer = quickstart(config, batch, f"{tmp}/{len(seconds)}", *common, *overrides)[0]
+
+        def step():
+            rollout = trainer.collect_rollout(0)
+            trainer.state.backbone.decode(rollout.final)
+            rollout.advantages = advantages
+            trainer.optimize(rollout, 0)
+
+        step()
+        seconds[label] = best_of(repeats, step)[0]
+        trainer.scorer.close()
+    return seconds
 
 
 def heldout_accuracy(trainer: Trainer) -> float:
@@ -345,7 +367,7 @@ def flow_grpo_training(clone: Path, steps: int, seed: int, eval_every: int, sett
     return lines
 
 
-def diffusion_nft_rows(clone: Path, batch: int, repeats: int) -> list[tuple[str, float, float]]:
+def diffusion_nft_rows(clone: Path, batch: int, repeats: int, compiled: bool) -> list[tuple[str, float, float]]:
     """Sampling and training-step times of DiffusionNFT's code and gyremedia's on the NFT quickstart."""
     their_package(clone)
     from flow_grpo.diffusers_patch.pipeline_with_logprob import pipeline_with_logprob
@@ -400,8 +422,13 @@ def diffusion_nft_rows(clone: Path, batch: int, repeats: int) -> list[tuple[str,
         their_step, _ = best_of(repeats, theirs_train)
         our_step, _ = best_of(repeats, lambda: trainer.optimize(rollout, 0))
         trainer.scorer.close()
+        whole = whole_step_times(QUICKSTART_NFT, batch, tmp, repeats, advantages,
+                                 {"train.compile": ["train.compile=true"]} if compiled else {})
     return [("DiffusionNFT: sampling (with decode; dpm2 vs Euler)", their_time, our_time),
-            (f"DiffusionNFT: training step, {options.timesteps} re-noised levels", their_step, our_step)]
+            (f"DiffusionNFT: training step, {options.timesteps} re-noised levels", their_step, our_step),
+            ("DiffusionNFT: sampling + training step", their_time + their_step, our_time + our_step),
+            *[(f"DiffusionNFT: sampling + training step, gyremedia with {label}", their_time + their_step, seconds)
+              for label, seconds in whole.items()]]
 
 
 def main() -> None:
@@ -410,6 +437,8 @@ def main() -> None:
     parser.add_argument("--diffusion-nft", type=Path, default=None, help="a local clone of NVlabs/DiffusionNFT")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile", action="store_true",
+                        help="also time gyremedia's whole steps with train.compile (each compiles first, untimed)")
     parser.add_argument("--train", type=int, default=0, metavar="STEPS",
                         help="with --flow-grpo: also train both for STEPS steps and compare held-out gains")
     parser.add_argument("--seed", type=int, default=0, help="the training comparison's run.seed")
@@ -423,10 +452,10 @@ def main() -> None:
         parser.error("give --flow-grpo PATH, --diffusion-nft PATH or both")
     rows, parity = [], None
     if args.flow_grpo is not None:
-        flow_grpo, parity = flow_grpo_rows(args.flow_grpo, args.batch, args.repeats)
+        flow_grpo, parity = flow_grpo_rows(args.flow_grpo, args.batch, args.repeats, args.compile)
         rows += flow_grpo
     if args.diffusion_nft is not None:
-        rows += diffusion_nft_rows(args.diffusion_nft, args.batch, args.repeats)
+        rows += diffusion_nft_rows(args.diffusion_nft, args.batch, args.repeats, args.compile)
 
     print(f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
           f"({torch.get_num_threads()} threads), "

@@ -97,6 +97,11 @@ class TrainSection:
     # its gradients itself; a sharded (FSDP2) model replays.
     reuse_rollout_forward: bool = option(False, help="train the first minibatch on the rollout's own forwards "
                                                      "(grpo; not sharded)")
+    # torch.compile of the policy's network and its frozen reference copy, in place (nn.Module.compile: the same
+    # parameter names, so checkpoints and exports do not change). The first rollout, update and evaluation compile
+    # (about a minute on a CPU), later steps run the compiled kernels. They round differently from eager ones, so
+    # a run is another draw of the figures recorded without it. A sharded (FSDP2) model stays eager.
+    compile: bool = option(False, help="compile the policy's network with torch.compile (not sharded)")
     max_grad_norm: float = option(1.0, gt=0, help="gradients are clipped to this global norm")
     warmup_steps: int = option(0, ge=0, help="linear learning-rate warm-up steps")
     num_minibatches: int = option(1, ge=1, help="optimizer steps per pass over a rollout; each takes a slice of it")

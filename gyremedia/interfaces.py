@@ -78,6 +78,10 @@ class Policy(Protocol):
     def enable_reference(self) -> None:
         """Keep the frozen reference policy (the base model) that KL terms and the monitor compare with."""
 
+    def compile(self) -> None:
+        """Compile the policy's networks with ``torch.compile`` in place (``train.compile``), after
+        :meth:`enable_reference`; parameter names, checkpoints and exports stay as they are."""
+
     def collect_rollout(self, request: RolloutRequest, sampler: Sampler | None) -> Rollout:
         """Sample the request's prompts (the default of the rollout stage); ``sampler`` is the run's, if any."""
 

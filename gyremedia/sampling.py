@@ -45,20 +45,33 @@ class KeptForwards:
     sample_ids: torch.Tensor  # [B] the samples the outputs are of, in their rows' order
     indices: frozenset[int]  # the transitions whose outputs are kept
     outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # transition -> output [B, ...] with its graph
+    inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # transition -> the states [B, ...] it was of
 
     KEY = "kept_forwards"  # where a rollout's extras hold them
 
-    def take(self, index: int, sample_ids: torch.Tensor) -> torch.Tensor | None:
-        """The kept output of transition ``index`` for ``sample_ids`` (a subset of the kept rows), or None."""
-        output = self.outputs.pop(index, None)
+    def keep(self, index: int, state: torch.Tensor, output: torch.Tensor) -> None:
+        """Keep the policy's ``output`` at transition ``index`` and the ``state`` it was computed from."""
+        self.inputs[index], self.outputs[index] = state, output
+
+    def drop(self, index: int) -> None:
+        """Free transition ``index``'s kept output and its graph."""
+        self.inputs.pop(index, None)
+        self.outputs.pop(index, None)
+
+    def take(self, index: int, sample_ids: torch.Tensor, states: torch.Tensor) -> torch.Tensor | None:
+        """The kept output of transition ``index`` for ``sample_ids`` (a subset of the kept rows), or None; None
+        too when ``states`` (the rollout's, as training replays them) are not the ones it was computed from,
+        e.g. after a plugin rewrote the rollout."""
+        output, given = self.outputs.pop(index, None), self.inputs.pop(index, None)
         if output is None:
             return None
         match = sample_ids.to(self.sample_ids.device)[:, None] == self.sample_ids[None, :]
         if not bool(match.any(dim=1).all()):
             return None
         rows = match.int().argmax(dim=1)
-        return output if torch.equal(rows, torch.arange(len(self.sample_ids), device=rows.device)) else \
-            output[rows.to(output.device)]
+        if not torch.equal(rows, torch.arange(len(self.sample_ids), device=rows.device)):
+            output, given = output[rows.to(output.device)], given[rows.to(given.device)]
+        return output if torch.equal(given, states.to(given.device)) else None
 
     @classmethod
     def discard(cls, rollout: Rollout) -> None:
@@ -66,6 +79,7 @@ class KeptForwards:
         kept = rollout.extras.pop(cls.KEY, None)
         if kept is not None:
             kept.outputs.clear()
+            kept.inputs.clear()
 
 
 @torch.no_grad()
@@ -90,11 +104,12 @@ def sample_trajectories(backbone: Backbone, sampler: Sampler, conditions: dict[s
         with torch.enable_grad() if kept else contextlib.nullcontext():
             output = predict(x, sigmas[i])
         if kept and output.requires_grad:
-            keep.outputs[i], output = output, output.detach()
+            keep.keep(i, x, output)
+            output = output.detach()
         noise = noise_like(x, step_generators) if sampler.has_log_prob else None
         transition = sampler.step(x, output, sigmas, i, noise=noise, **extra)
         if kept and (transition.log_prob is None or not bool(torch.isfinite(transition.log_prob).all())):
-            keep.outputs.pop(i, None)  # a deterministic step is never trained: free its graph now
+            keep.drop(i)  # a deterministic step is never trained: free its graph now
         x = transition.next_state
         states.append(x)
         if transition.log_prob is not None:
@@ -115,7 +130,7 @@ def replay_transition(ctx: ObjectiveContext, rollout: Rollout, index: int, *,
         raise ValueError("replay needs a denoising rollout with sigmas")
     x = rollout.states[:, index]
     kept = None if reference else rollout.extras.get(KeptForwards.KEY)
-    output = kept.take(index, rollout.sample_ids) if kept is not None else None
+    output = kept.take(index, rollout.sample_ids, x) if kept is not None else None
     if output is None:
         output = ctx.backbone.predict(x, rollout.sigmas[index], rollout.conditions, ctx.guidance_scale,
                                       reference=reference)

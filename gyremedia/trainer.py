@@ -31,7 +31,7 @@ from gyremedia.candidates import contrastive_subset
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
 from gyremedia.distributed import average_gradients, global_nanmeans, mean_over_ranks
-from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext, RolloutRequest
+from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext, Policy, RolloutRequest
 from gyremedia.plugins import PluginManager, call_each
 from gyremedia.media_io import plot_metrics, plot_pareto_front
 from gyremedia.monitor import HackingMonitor
@@ -233,6 +233,8 @@ class Trainer:
         if self.sharded:
             blocks = state.backbone.shard()
             logger.info("FSDP2: the model is sharded over %d processes by %d blocks", acc.num_processes, blocks)
+        if self.core.train.compile:
+            self._compile(state.backbone)
         module = state.backbone.trainable_module()
         params = [p for p in module.parameters() if p.requires_grad]
         if not params:
@@ -256,6 +258,15 @@ class Trainer:
         if loaded is not None:
             self._resume(loaded)
         return state
+
+    def _compile(self, backbone: Policy) -> None:
+        """``train.compile``: the policy's networks compiled in place, unless sharded (FSDP2 stays eager)."""
+        if self.sharded:
+            logger.warning("train.compile is off: a sharded (FSDP2) model is not compiled")
+            return
+        backbone.compile()
+        logger.info("train.compile: the first rollout, update and evaluation compile the model (a minute or "
+                    "more on a CPU); later ones run compiled")
 
     def _read_checkpoint(self) -> ckpt.LoadedCheckpoint | None:
         """The newest checkpoint that reads whole (damaged newer ones are skipped, with a warning)."""

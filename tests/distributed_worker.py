@@ -21,9 +21,15 @@ from gyremedia.trainer import Trainer
 class StepRecorder:
     def __init__(self) -> None:
         self.steps = []
+        self.forward_rows = 0  # rows through the trained network after the first step
+
+    def count(self, module, args, kwargs):
+        self.forward_rows += kwargs["hidden_states"].shape[0]
 
     @hookimpl
     def gyremedia_on_step_end(self, state, metrics):
+        if not self.steps:
+            state.backbone.trainable_module().register_forward_pre_hook(self.count, with_kwargs=True)
         rollout = state.rollout
         self.steps.append({
             "sample_ids": rollout.sample_ids.tolist(),
@@ -49,7 +55,8 @@ def main(config_path: str, out_dir: str, *overrides: str) -> None:
     rank = state.accelerator.process_index
     # Metrics whose keys differ between ranks (a reward that failed on one rank logs no components there).
     uneven = {"shared": torch.tensor([float(rank), float("nan")]), f"rank{rank}_only": torch.tensor([rank + 1.0])}
-    record = {"num_processes": state.accelerator.num_processes, "steps": recorder.steps, "weights": torch.cat(weights).tolist() if weights else [],
+    record = {"num_processes": state.accelerator.num_processes, "steps": recorder.steps,
+              "forward_rows": recorder.forward_rows, "weights": torch.cat(weights).tolist() if weights else [],
               "uneven_means": global_nanmeans(state.accelerator, uneven)}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(record))
     # leave the process group together, as `gyremedia train` does: a rank exiting inside it can abort

@@ -106,15 +106,29 @@ def test_fsdp2_shards_the_model_and_trains_as_ddp(single_and_ddp, tiny_yaml, tmp
 def test_reused_rollout_forwards_on_two_processes_train_as_ddp(single_and_ddp, tiny_yaml, tmp_path):
     """train.reuse_rollout_forward under DDP: the kept forwards' backward synchronises nothing, so their
     minibatch averages its gradients itself; the replicas stay identical and end with DDP's weights (1e-6: the
-    reduction's rounding differs), for the first of two minibatches and for a single one."""
+    reduction's rounding differs), for the first of two minibatches and for a single one. Each rank trains on
+    its kept forwards: every trained transition of that minibatch runs the network once fewer."""
     _, ddp = single_and_ddp
     for minibatches in (1, 2):
         reuse = ("train.reuse_rollout_forward=true", f"train.num_minibatches={minibatches}")
         ranks = run_worker(tiny_yaml, tmp_path / f"reuse{minibatches}", 2, reuse)
         expected = ddp if minibatches == 1 else run_worker(tiny_yaml, tmp_path / "ddp2", 2, reuse[1:])
+        # counted over the 2 steps after the first: the 3 transitions of a rank's first minibatch (6 rows in all)
+        for rank, replayed in zip(ranks, expected):
+            assert replayed["forward_rows"] - rank["forward_rows"] == 2 * 3 * 6 // minibatches
         assert ranks[0]["weights"] == ranks[1]["weights"]
         torch.testing.assert_close(torch.tensor(ranks[0]["weights"]), torch.tensor(expected[0]["weights"]),
                                    rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_compiled_policy_on_two_processes_trains_as_ddp(single_and_ddp, tiny_yaml, tmp_path):
+    """train.compile under DDP (the network compiled in place, then wrapped): the replicas stay identical and
+    follow eager DDP's weights up to the compiled kernels' rounding (3e-6 here)."""
+    _, ddp = single_and_ddp
+    ranks = run_worker(tiny_yaml, tmp_path / "compiled", 2, ("train.compile=true",))
+    assert ranks[0]["weights"] == ranks[1]["weights"]
+    torch.testing.assert_close(torch.tensor(ranks[0]["weights"]), torch.tensor(ddp[0]["weights"]), rtol=0, atol=1e-4)
 
 
 @pytest.mark.slow

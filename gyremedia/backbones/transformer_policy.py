@@ -81,6 +81,13 @@ class TransformerPolicy:
         if not self.lora_enabled and self._reference_transformer is None:
             self._reference_transformer = copy.deepcopy(self.transformer).requires_grad_(False).eval()
 
+    def compile(self) -> None:
+        """Compile the network and a frozen reference copy in place (``nn.Module.compile``: the module keeps
+        its parameters and names; a deep copy, like an export's merged model, is an eager module)."""
+        for module in (self.transformer, self._reference_transformer):
+            if module is not None:
+                module.compile()
+
     def shard(self) -> int:
         """Shard the transformer (and a frozen reference copy) over the processes, FSDP2 (see
         :mod:`gyremedia.sharding`); returns the number of blocks each is sharded by."""
