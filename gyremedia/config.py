@@ -639,6 +639,10 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
             errors.append(f"rollout.candidates selects initial noises, which backbone {backbone.name!r} does not "
                           f"denoise from: set rollout.candidates=0")
     errors += _reuse_checks(core, selected)
+    backbone = selected.get("backbone")
+    if core.train.compile and backbone is not None and not backbone.meta.get("compilable"):
+        errors.append(f"train.compile: backbone {backbone.name!r} does not compile its networks (it declares no "
+                      "compilable = True): set train.compile=false")
     adv = core.advantage
     if adv.history and adv.combine != "sum":
         errors.append(f"advantage.history={adv.history} keeps each prompt's total reward: use advantage.combine=sum "

@@ -80,7 +80,8 @@ class Policy(Protocol):
 
     def compile(self) -> None:
         """Compile the policy's networks with ``torch.compile`` in place (``train.compile``), after
-        :meth:`enable_reference`; parameter names, checkpoints and exports stay as they are."""
+        :meth:`enable_reference`; parameter names, checkpoints and exports stay as they are. Optional: a
+        policy that has it declares ``compilable = True``."""
 
     def collect_rollout(self, request: RolloutRequest, sampler: Sampler | None) -> Rollout:
         """Sample the request's prompts (the default of the rollout stage); ``sampler`` is the run's, if any."""

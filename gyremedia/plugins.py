@@ -79,7 +79,9 @@ def call_each(pm: pluggy.PluginManager, hook_name: str, **kwargs: Any) -> dict[s
 CAPABILITIES: dict[str, dict[str, Any]] = {
     # transitions: "denoising" (sampler steps of a state) or "tokens" (a token policy samples itself)
     # shardable: every process runs the same model calls in a step, as FSDP's collectives need
-    "backbone": {"media_kind": None, "prediction": None, "transitions": "denoising", "shardable": False},
+    # compilable: compile() compiles its networks in place (train.compile)
+    "backbone": {"media_kind": None, "prediction": None, "transitions": "denoising", "shardable": False,
+                 "compilable": False},
     "sampler": {"has_log_prob": False, "needs_predict": False, "prediction": None},
     # kl_regularizer: the regularizer an objective's `kl_beta` option selects (with that weight)
     # needs_tree_rollouts: it trains on tree rollouts (rollout.branch_steps)

@@ -10,7 +10,9 @@ import time
 
 import pytest
 
+from gyremedia import hookimpl
 from gyremedia.config import ConfigError
+from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
 # Each bad input's exact message is in docs/errors.md, which tests/test_errors.py runs row by row.
@@ -95,6 +97,19 @@ def test_cli_rejects_bad_config_in_seconds_without_loading_a_model(tiny_yaml, tm
     assert "LOADED []" in result.stderr
     assert not (tmp_path / "run").exists()
     assert elapsed < 30
+
+
+def test_compile_needs_a_backbone_that_compiles_its_networks(make_config):
+    class PlainBackbones:
+        @hookimpl
+        def gyremedia_register_backbones(self, register):
+            register("plain", lambda context: None)  # a third party's policy without compile()
+
+    plugins = PluginManager(extra_plugins=[PlainBackbones()])
+    make_config("train.compile=true", plugins=plugins)  # the first-party backbones compile
+    with pytest.raises(ConfigError, match=re.escape("train.compile: backbone 'plain' does not compile its networks")):
+        make_config("backbone={name: plain}", "train.compile=true", plugins=plugins)
+    make_config("backbone={name: plain}", plugins=plugins)
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -42,6 +42,7 @@ class TransformerPolicy:
 
     transformer: torch.nn.Module
     device: torch.device
+    compilable = True  # capability: compile() below (train.compile)
 
     def _prepare_training(self, lora: LoraOptions, gradient_checkpointing: bool, mixed_precision: str = "none") -> None:
         """Add LoRA adapters (fp32, whatever the base weights are) and gradient checkpointing if asked.
