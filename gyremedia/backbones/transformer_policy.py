@@ -87,7 +87,9 @@ class TransformerPolicy:
         its parameters and names; a deep copy, like an export's merged model, is an eager module)."""
         for module in (self.transformer, self._reference_transformer):
             if module is not None:
-                module.compile()
+                # Under bf16 the rollout's graph (no gradients) and the update's fuse differently; keeping eager's
+                # casts between fused ops makes both round as eager does, so on-policy ratios stay exactly 1.
+                module.compile(options={"emulate_precision_casts": True})
 
     def shard(self) -> int:
         """Shard the transformer (and a frozen reference copy) over the processes, FSDP2 (see
@@ -189,9 +191,19 @@ def cast_weights(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Cast ``model``'s floating-point weights to ``dtype``, except the modules the model keeps in fp32
     (diffusers' ``_keep_in_fp32_modules``: e.g. Wan's norms and time embedding), as ``from_pretrained`` does."""
     keep = getattr(model, "_keep_in_fp32_modules", None) or ()
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if tensor.is_floating_point():
-            tensor.data = tensor.data.to(torch.float32 if any(k in name for k in keep) else dtype)
+    cast: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # old tensor's id -> (it, its cast): tied weights stay tied
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            target = torch.float32 if any(k in f"{prefix}.{name}" for k in keep) else dtype
+            if not tensor.is_floating_point() or tensor.dtype == target:
+                continue
+            # a new tensor, not ``.data`` swapped under it: a buffer made as a view (SD3's positional embedding)
+            # would keep a base of the old dtype, which torch.compile refuses
+            if id(tensor) not in cast:
+                new = tensor.detach().to(target)
+                cast[id(tensor)] = (tensor, torch.nn.Parameter(new, tensor.requires_grad)
+                                    if isinstance(tensor, torch.nn.Parameter) else new)
+            setattr(module, name, cast[id(tensor)][1])
 
 
 def add_adapters(model: torch.nn.Module, config) -> None:
