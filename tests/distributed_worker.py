@@ -24,7 +24,7 @@ class StepRecorder:
         self.forward_rows = 0  # rows through the trained network after the first step
 
     def count(self, module, args, kwargs):
-        self.forward_rows += kwargs["hidden_states"].shape[0]
+        self.forward_rows += next(v for v in (*args, *kwargs.values()) if torch.is_tensor(v)).shape[0]
 
     @hookimpl
     def gyremedia_on_step_end(self, state, metrics):
