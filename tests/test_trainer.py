@@ -116,7 +116,10 @@ def test_fused_adamw_is_opt_in_and_trains_the_same_up_to_rounding(make_config, t
 def test_compiled_policy_trains_like_the_eager_one_and_keeps_its_parameter_names(make_config, tmp_path):
     """train.compile compiles the network in place (rollout, training and the KL's reference copy): the update
     follows the eager run's up to the compiled kernels' rounding, and checkpoints keep the same names."""
+    from torch._dynamo.utils import counters
+
     weights, names, compiled = [], [], []
+    graphs = counters["stats"]["unique_graphs"]
     for on in (False, True):
         trainer = Trainer(make_config(f"run.output_dir={tmp_path / str(on)}", "train.steps=2", f"train.compile={on}",
                                       "regularizers=[{name: gaussian_kl, weight: 0.1}]"), PluginManager())
@@ -131,6 +134,7 @@ def test_compiled_policy_trains_like_the_eager_one_and_keeps_its_parameter_names
         names.append(sorted(state.backbone.trainable_state_dict()))
         weights.append([(p.detach() - b) for p, b in zip(module.parameters(), before)])
     assert compiled == [[False, False], [True, True]]
+    assert counters["stats"]["unique_graphs"] > graphs  # compiled graphs ran, not an eager fallback
     assert names[0] == names[1]
     eager, fast = (torch.cat([u.flatten() for u in update]) for update in weights)
     assert eager.norm() > 0

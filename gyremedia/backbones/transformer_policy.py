@@ -85,6 +85,10 @@ class TransformerPolicy:
     def compile(self) -> None:
         """Compile the network and a frozen reference copy in place (``nn.Module.compile``: the module keeps
         its parameters and names; a deep copy, like an export's merged model, is an eager module)."""
+        # The policy and its reference share one forward's code, so they share dynamo's recompile limit (8 by
+        # default): rollout, update, reference and evaluation shapes and modes can pass it, and past it dynamo
+        # runs eager without a word. Room for them all:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         for module in (self.transformer, self._reference_transformer):
             if module is not None:
                 # Under bf16 the rollout's graph (no gradients) and the update's fuse differently; keeping eager's
@@ -191,19 +195,21 @@ def cast_weights(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Cast ``model``'s floating-point weights to ``dtype``, except the modules the model keeps in fp32
     (diffusers' ``_keep_in_fp32_modules``: e.g. Wan's norms and time embedding), as ``from_pretrained`` does."""
     keep = getattr(model, "_keep_in_fp32_modules", None) or ()
-    cast: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # old tensor's id -> (it, its cast): tied weights stay tied
+    # old tensor's id -> (it, what replaces it), decided at its first name: tied weights stay one tensor
+    cast: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for prefix, module in model.named_modules(remove_duplicate=False):
         for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
-            target = torch.float32 if any(k in f"{prefix}.{name}" for k in keep) else dtype
-            if not tensor.is_floating_point() or tensor.dtype == target:
-                continue
-            # a new tensor, not ``.data`` swapped under it: a buffer made as a view (SD3's positional embedding)
-            # would keep a base of the old dtype, which torch.compile refuses
             if id(tensor) not in cast:
-                new = tensor.detach().to(target)
-                cast[id(tensor)] = (tensor, torch.nn.Parameter(new, tensor.requires_grad)
-                                    if isinstance(tensor, torch.nn.Parameter) else new)
-            setattr(module, name, cast[id(tensor)][1])
+                target = torch.float32 if any(k in f"{prefix}.{name}" for k in keep) else dtype
+                replacement = tensor
+                if tensor.is_floating_point() and tensor.dtype != target:
+                    # a new tensor, not ``.data`` swapped under it: a buffer made as a view (SD3's positional
+                    # embedding) would keep a base of the old dtype, which torch.compile refuses
+                    new = tensor.detach().to(target)
+                    replacement = torch.nn.Parameter(new, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else new
+                cast[id(tensor)] = (tensor, replacement)
+            if cast[id(tensor)][1] is not tensor:
+                setattr(module, name, cast[id(tensor)][1])
 
 
 def add_adapters(model: torch.nn.Module, config) -> None:
