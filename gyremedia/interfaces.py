@@ -176,6 +176,11 @@ class Sampler(Protocol):
 
         A sampler that evaluates the model again within a step (a higher-order solver) sets
         ``needs_predict = True`` and receives ``predict(x, sigma)``: the same model and conditions.
+
+        Optional: ``stochastic_steps(sigmas) -> list[int]``, the transitions of schedule ``sigmas`` it will sample
+        with a density, as it stands before a rollout. A sampler with deterministic steps (NaN log-probs) declares
+        them this way, so the trainer plans which forwards to keep (``train.reuse_rollout_forward``) from the
+        transitions that can be trained; without it every transition is taken to be stochastic.
         """
 
 

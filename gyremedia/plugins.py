@@ -85,8 +85,8 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
     "sampler": {"has_log_prob": False, "needs_predict": False, "prediction": None},
     # kl_regularizer: the regularizer an objective's `kl_beta` option selects (with that weight)
     # needs_tree_rollouts: it trains on tree rollouts (rollout.branch_steps)
-    # plans_transitions: planned_transitions(num_transitions, step) names the transitions it will replay before the
-    # rollout is sampled (train.reuse_rollout_forward)
+    # plans_transitions: planned_transitions(stochastic, step) names the transitions it will replay before the
+    # rollout is sampled, among the stochastic ones (train.reuse_rollout_forward)
     "objective": {"requires_log_prob": False, "default_weighting": None, "kl_regularizer": None,
                   "needs_tree_rollouts": False, "plans_transitions": False,
                   "transitions": None},  # transitions: what it trains (None: any)

@@ -35,6 +35,13 @@ def noise_like(x: torch.Tensor, generators: list[torch.Generator]) -> torch.Tens
     return noise.to(device=x.device, dtype=x.dtype)
 
 
+def stochastic_steps(sampler: Sampler, sigmas: torch.Tensor) -> list[int]:
+    """The transitions of schedule ``sigmas`` that ``sampler`` will sample with a density (the ones a ratio
+    objective can train): what it declares, or every transition where it declares nothing."""
+    declared = getattr(sampler, "stochastic_steps", None)
+    return list(declared(sigmas)) if declared is not None else list(range(len(sigmas) - 1))
+
+
 @dataclass
 class KeptForwards:
     """The policy's outputs at some transitions of a rollout's first chunk, computed with gradients while it was

@@ -31,12 +31,12 @@ from gyremedia.candidates import contrastive_subset
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
 from gyremedia.distributed import average_gradients, global_nanmeans, mean_over_ranks
-from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext, Policy, RolloutRequest
+from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext, RolloutRequest
 from gyremedia.plugins import PluginManager, call_each
 from gyremedia.media_io import plot_metrics, plot_pareto_front
 from gyremedia.monitor import HackingMonitor
 from gyremedia.rollout import Rollout
-from gyremedia.sampling import KeptForwards
+from gyremedia.sampling import KeptForwards, stochastic_steps
 from gyremedia.state import TrainState
 from gyremedia.runs import CHANGES_FILE, EXPORT_DIR, RESOLVED_CONFIG
 from gyremedia.scoring import RewardError, Scorer, reward_error  # noqa: F401 - RewardError is part of the API
@@ -164,10 +164,11 @@ class Trainer:
         self.accelerator = accelerator or _create_accelerator()
         check_process_layout(config, self.accelerator.num_processes)
         self.sharded = resolve_sharding(config, self.accelerator, plugins)
-        self.reuse_forwards = self.core.train.reuse_rollout_forward and not self.sharded
-        if self.core.train.reuse_rollout_forward and self.sharded:
-            logger.warning("train.reuse_rollout_forward is off: a sharded model gathers its weights per forward "
-                           "and frees them after; training replays every transition")
+        train = self.core.train
+        self.reuse_forwards = self._unless_sharded("reuse_rollout_forward", train.reuse_rollout_forward,
+                                                   "a sharded model gathers its weights per forward and frees them "
+                                                   "after; training replays every transition")
+        self.compile_policy = self._unless_sharded("compile", train.compile, "a sharded (FSDP2) model is not compiled")
         self.run_dir = Path(self.core.run.output_dir)
         self.resume = resume
         self._refuse_to_overwrite()
@@ -233,8 +234,10 @@ class Trainer:
         if self.sharded:
             blocks = state.backbone.shard()
             logger.info("FSDP2: the model is sharded over %d processes by %d blocks", acc.num_processes, blocks)
-        if self.core.train.compile:
-            self._compile(state.backbone)
+        if self.compile_policy:
+            state.backbone.compile()
+            logger.info("train.compile: the first rollout, update and evaluation compile the model (a minute or "
+                        "more on a CPU); later ones run compiled")
         module = state.backbone.trainable_module()
         params = [p for p in module.parameters() if p.requires_grad]
         if not params:
@@ -259,14 +262,11 @@ class Trainer:
             self._resume(loaded)
         return state
 
-    def _compile(self, backbone: Policy) -> None:
-        """``train.compile``: the policy's networks compiled in place, unless sharded (FSDP2 stays eager)."""
-        if self.sharded:
-            logger.warning("train.compile is off: a sharded (FSDP2) model is not compiled")
-            return
-        backbone.compile()
-        logger.info("train.compile: the first rollout, update and evaluation compile the model (a minute or "
-                    "more on a CPU); later ones run compiled")
+    def _unless_sharded(self, key: str, enabled: bool, why: str) -> bool:
+        """Whether ``train.<key>`` is on: a sharded model turns it off, with a warning that says why."""
+        if enabled and self.sharded:
+            logger.warning("train.%s is off: %s", key, why)
+        return enabled and not self.sharded
 
     def _read_checkpoint(self) -> ckpt.LoadedCheckpoint | None:
         """The newest checkpoint that reads whole (damaged newer ones are skipped, with a warning)."""
@@ -324,10 +324,17 @@ class Trainer:
         pareto = self.core.pareto
         preference = (preference_weights(self.core.run.seed, step, group_ids, len(self.config.rewards), pareto.concentration)
                       if pareto.enabled else None)
-        keep = tuple(self.state.objective.planned_transitions(r.num_steps, step)) if self.reuse_forwards else ()
+        keep = tuple(self.planned_forwards(step)) if self.reuse_forwards else ()
         return RolloutRequest(step=step, seed=self.core.run.seed, prompts=[group_prompts[g] for g in group_ids.tolist()],
                               sample_ids=sample_ids, group_ids=group_ids, chunks=self.core.train.num_minibatches,
                               settings=r, preference=preference, keep_forwards=keep)
+
+    def planned_forwards(self, step: int) -> list[int]:
+        """The transitions whose forwards step ``step``'s rollout keeps (``train.reuse_rollout_forward``): those the
+        objective will train, chosen among the ones the sampler will sample stochastically."""
+        state = self.state
+        stochastic = stochastic_steps(state.sampler, state.backbone.sigmas(self.core.rollout.num_steps))
+        return state.objective.planned_transitions(stochastic, step)
 
     def collect_rollout(self, step: int) -> Rollout:
         """The rollout stage (``gyremedia_collect_rollout``): by default the policy samples the request itself."""

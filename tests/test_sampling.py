@@ -8,7 +8,11 @@ import torch
 from gyremedia.interfaces import BuildContext, ObjectiveContext
 from gyremedia.plugins import PluginManager
 from gyremedia.rollout import Rollout
-from gyremedia.sampling import KeptForwards, replay_transition, sample_generators, sample_trajectories
+from gyremedia.sampling import KeptForwards, replay_transition, sample_generators, sample_trajectories, stochastic_steps
+from gyremedia_samplers.cps import CPSOptions, CPSSampler
+from gyremedia_samplers.ddim import DDIMEtaOptions, DDIMEtaSampler
+from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
+from gyremedia_samplers.window import WindowOptions, WindowSampler
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -51,3 +55,25 @@ def test_kept_forwards_give_each_output_once_for_the_rows_and_states_asked():
     assert kept.take(2, torch.tensor([4]), states[:1]) is None
     assert kept.take(3, torch.tensor([4, 5]), states[:2] + 1) is None  # states rewritten since: replay
     assert not kept.outputs and not kept.inputs  # nothing kept outlives its one take
+
+
+FLOW_SIGMAS = torch.linspace(1, 0, 5)
+
+
+@pytest.mark.parametrize("make_sampler,sigmas,expected", [
+    (lambda: FlowSDESampler(FlowSDEOptions()), FLOW_SIGMAS, [0, 1, 2, 3]),
+    (lambda: CPSSampler(CPSOptions()), FLOW_SIGMAS, [0, 1, 2]),
+    (lambda: DDIMEtaSampler(DDIMEtaOptions(eta=1.0)), torch.tensor([1.0, 0.8, 0.5, 0.2, 0.0]), [0, 1, 2]),
+    (lambda: DDIMEtaSampler(DDIMEtaOptions(eta=1.0)), torch.tensor([0.99, 0.8, 0.5, 0.2, 0.1]), [0, 1, 2, 3]),
+    (lambda: DDIMEtaSampler(DDIMEtaOptions(eta=0.0)), torch.tensor([1.0, 0.8, 0.5, 0.2, 0.0]), []),
+    (lambda: WindowSampler(WindowOptions(size=2, schedule="fixed")), FLOW_SIGMAS, [0, 1]),
+    (lambda: WindowSampler(WindowOptions(sde="cps", size=3, schedule="random")), torch.linspace(1, 0, 7), None),
+], ids=["flow_sde", "cps", "ddim-to-alpha-1", "ddim-not-to-alpha-1", "ddim-eta-0", "window", "window-cps-random"])
+def test_declared_stochastic_steps_are_those_with_a_log_prob(make_sampler, sigmas, expected):
+    """What a sampler says it will sample stochastically, before a rollout, is where its steps have a density:
+    the trainer plans the forwards it keeps from it."""
+    sampler, x = make_sampler(), torch.randn(2, 3)
+    with_density = [i for i in range(len(sigmas) - 1) if torch.isfinite(
+        sampler.step(x, torch.randn(2, 3), sigmas, i, noise=torch.randn(2, 3)).log_prob).all()]
+    assert stochastic_steps(sampler, sigmas) == with_density
+    assert expected is None or with_density == expected

@@ -141,13 +141,18 @@ def test_compiled_policy_trains_like_the_eager_one_and_keeps_its_parameter_names
     assert (fast - eager).norm() < 1e-3 * eager.norm()  # 6e-6 here
 
 
-@pytest.mark.parametrize("overrides", [("train.num_minibatches=2",), ("objective.timestep_fraction=0.67",)],
-                         ids=["first-of-two-minibatches", "one-minibatch"])
+@pytest.mark.parametrize("overrides", [
+    ("train.num_minibatches=2",), ("objective.timestep_fraction=0.67",),
+    ("sampler={name: cps}", "objective.timestep_fraction=1.0"),  # its last step is deterministic
+    ("sampler={name: window, size: 1, shift_every: 1}", "rollout.num_steps=4", "objective.timestep_fraction=1.0"),
+], ids=["first-of-two-minibatches", "one-minibatch", "cps", "mixgrpo-window"])
 def test_reused_rollout_forwards_train_the_same_weights_with_fewer_forwards(make_config, tmp_path, overrides):
     """train.reuse_rollout_forward: the first minibatch trains on the forwards its rollout kept (the same chunk,
     the same kernels), so the weights are the same to the bit and every trained transition of that minibatch
-    costs one forward fewer; later minibatches, after the first update, replay."""
-    weights, forwards = [], []
+    costs one forward fewer; later minibatches, after the first update, replay. The rollout keeps exactly the
+    transitions trained: a sampler's deterministic steps (cps's last, those outside MixGRPO's moving window) are
+    never planned."""
+    weights, forwards, planned = [], [], []
     for reuse in (False, True):
         trainer = Trainer(make_config(f"run.output_dir={tmp_path / str(reuse)}", "train.steps=3", *overrides,
                                       f"train.reuse_rollout_forward={reuse}"), PluginManager())
@@ -156,15 +161,16 @@ def test_reused_rollout_forwards_train_the_same_weights_with_fewer_forwards(make
         state.backbone.trainable_module().register_forward_pre_hook(
             lambda module, args, kwargs: rows.append(kwargs["hidden_states"].shape[0]), with_kwargs=True)
         for step in range(3):
+            planned.append(trainer.planned_forwards(step))
             trainer.train_step(step)
+            assert planned[-1] == state.objective.micro_steps(state.rollout, step)
             assert KeptForwards.KEY not in state.rollout.extras  # no graph outlives its update
         trainer.scorer.close()
         forwards.append(sum(rows))
         weights.append([p.detach().clone() for p in state.backbone.trainable_module().parameters()])
     config = trainer.config.core
     first_minibatch = config.rollout.batch_size // config.train.num_minibatches
-    trained = len(trainer.state.objective.planned_transitions(config.rollout.num_steps, 0))
-    assert forwards[0] - forwards[1] == 3 * trained * first_minibatch
+    assert forwards[0] - forwards[1] == sum(map(len, planned[3:])) * first_minibatch
     assert all(torch.equal(a, b) for a, b in zip(*weights))
 
 

@@ -65,10 +65,10 @@ class GRPOObjective:
         ``transition_selection`` subset of them (deterministic steps are never trained)."""
         return self.select_transitions(self.trainable_steps(rollout), step)
 
-    def planned_transitions(self, num_transitions: int, step: int) -> list[int]:
-        """The transitions step ``step`` will train if all ``num_transitions`` are stochastic, known before the
-        rollout is sampled (``train.reuse_rollout_forward`` keeps the rollout's forwards of them)."""
-        return self.select_transitions(list(range(num_transitions)), step)
+    def planned_transitions(self, stochastic: list[int], step: int) -> list[int]:
+        """The transitions step ``step`` will train, known before the rollout is sampled from the ones its sampler
+        will sample ``stochastic``ally (``train.reuse_rollout_forward`` keeps the rollout's forwards of them)."""
+        return self.select_transitions(stochastic, step)
 
     def select_transitions(self, trainable: list[int], step: int) -> list[int]:
         """The ``transition_selection`` subset of the ``trainable`` transitions for step ``step``."""

@@ -37,11 +37,19 @@ class CPSSampler:
     def __init__(self, options: CPSOptions, context=None) -> None:
         self.noise_level = options.noise_level
 
+    def step_std(self, sigma_next: torch.Tensor) -> torch.Tensor:
+        """The step's noise: ``sigma_next sin(a pi / 2)``, 0 only on the step to sigma 0."""
+        return sigma_next * math.sin(self.noise_level * math.pi / 2)
+
+    def stochastic_steps(self, sigmas: torch.Tensor) -> list[int]:
+        """Every step with noise: all but a last one to sigma 0."""
+        return [i for i in range(len(sigmas) - 1) if self.step_std(sigmas[i + 1].float()) > 0]
+
     def step(self, x, model_output, sigmas, index, *, noise=None, next_state=None) -> Transition:
         sigma, sigma_next = sigmas[index].float(), sigmas[index + 1].float()
         x32, v = x.float(), model_output.float()
         clean, pure_noise = x32 - sigma * v, x32 + (1 - sigma) * v
-        std = sigma_next * math.sin(self.noise_level * math.pi / 2)
+        std = self.step_std(sigma_next)
         mean = (1 - sigma_next) * clean + torch.sqrt(sigma_next**2 - std**2) * pure_noise
         next_state = draw_or_replay(mean, std, noise, next_state, x.dtype, "cps")
         if std == 0:  # the last step, to sigma 0, is deterministic: no density, ratio objectives skip it

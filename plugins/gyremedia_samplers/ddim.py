@@ -39,6 +39,20 @@ class DDIMEtaSampler:
     def __init__(self, options: DDIMEtaOptions, context=None) -> None:
         self.eta = options.eta
 
+    def noise_scales(self, sigma: torch.Tensor, sigma_next: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's noise std and the predicted noise's weight in its mean."""
+        alpha, alpha_prev = 1 - sigma**2, 1 - sigma_next**2
+        # std^2 = (1 - a') r with r = (1 - a / a') / (1 - a) = (a' - a) / (a' (1 - a)), and the noise direction's
+        # weight 1 - a' - std^2 = (1 - a') (1 - eta^2 r): exactly 0 at a = 0 with eta = 1 (the difference of the
+        # two terms would leave the square root of a rounding error there, about 3e-4)
+        ratio = ((alpha_prev - alpha) / (alpha_prev * (1 - alpha))).clamp(min=0)
+        return self.eta * sigma_next * ratio.sqrt(), sigma_next * (1 - self.eta**2 * ratio).clamp(min=0).sqrt()
+
+    def stochastic_steps(self, sigmas: torch.Tensor) -> list[int]:
+        """The steps with noise: none at eta 0, and never the one to alpha_bar = 1."""
+        sigmas = sigmas.float()
+        return [i for i in range(len(sigmas) - 1) if self.noise_scales(sigmas[i], sigmas[i + 1])[0] > 0]
+
     def step(self, x, model_output, sigmas, index, *, noise=None, next_state=None) -> Transition:
         sigma, sigma_next = sigmas[index].float(), sigmas[index + 1].float()
         if not 0 < sigma <= 1:
@@ -46,12 +60,7 @@ class DDIMEtaSampler:
         alpha, alpha_prev = 1 - sigma**2, 1 - sigma_next**2
         x32, v = x.float(), model_output.float()
         eps, clean = alpha.sqrt() * v + sigma * x32, alpha.sqrt() * x32 - sigma * v
-        # std^2 = (1 - a') r with r = (1 - a / a') / (1 - a) = (a' - a) / (a' (1 - a)), and the noise direction's
-        # weight 1 - a' - std^2 = (1 - a') (1 - eta^2 r): exactly 0 at a = 0 with eta = 1 (the difference of the
-        # two terms would leave the square root of a rounding error there, about 3e-4)
-        ratio = ((alpha_prev - alpha) / (alpha_prev * (1 - alpha))).clamp(min=0)
-        std = self.eta * sigma_next * ratio.sqrt()
-        direction = sigma_next * (1 - self.eta**2 * ratio).clamp(min=0).sqrt()
+        std, direction = self.noise_scales(sigma, sigma_next)
         mean = alpha_prev.sqrt() * clean + direction * eps
         if std == 0:
             state = mean.to(x.dtype) if next_state is None else next_state

@@ -28,6 +28,7 @@ import torch
 from gyremedia import hookimpl
 from gyremedia.interfaces import Transition
 from gyremedia.options import OptionError, option
+from gyremedia.sampling import stochastic_steps
 from gyremedia.streams import Stream, stream_rng
 from gyremedia_samplers.cps import CPSOptions, CPSSampler
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
@@ -98,6 +99,11 @@ class WindowSampler:
         else:
             start = window_start(k, end - 1, o)
         return range(start, min(start + size, end))
+
+    def stochastic_steps(self, sigmas: torch.Tensor) -> list[int]:
+        """The window's steps (where its SDE step has noise)."""
+        window = self.window(len(sigmas) - 1)
+        return [i for i in stochastic_steps(self.sde, sigmas) if i in window]
 
     def step(self, x, model_output, sigmas, index, *, noise=None, next_state=None) -> Transition:
         if next_state is not None or index in self.window(len(sigmas) - 1):
