@@ -63,6 +63,8 @@ OBJECTIVES = {
     # The same, width-pruned: per group and depth only the 4 nodes of largest |advantage| are trained
     # (12 of each group's 20 nodes), so training replays fewer rows.
     "tree_grpo_pruned": (FLOW_GRPO, [LR_2E4, TREE_GRPO, *TWO_ROOTS, "objective.width=4"], 150),
+    # The same, depth-pruned: transition 2 (8 of the 20 nodes each group trains) is never trained.
+    "tree_grpo_skip_leaves": (FLOW_GRPO, [LR_2E4, TREE_GRPO, *TWO_ROOTS, "objective.skip_steps=[2]"], 150),
     "nft": (CONFIGS / "quickstart.yaml", [], 100),
     # Sol-RL's two-stage rollouts on DiffusionNFT: per prompt 16 initial noises sampled with 5 ODE steps and
     # scored; the 4 best and 4 worst are sampled again at full quality and trained on.

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from compile_checks import train_eager_and_compiled
 
 from gyremedia import hookimpl
 from gyremedia.config import ConfigError
@@ -113,32 +114,19 @@ def test_fused_adamw_is_opt_in_and_trains_the_same_up_to_rounding(make_config, t
 
 
 @pytest.mark.slow
-def test_compiled_policy_trains_like_the_eager_one_and_keeps_its_parameter_names(make_config, tmp_path):
-    """train.compile compiles the network in place (rollout, training and the KL's reference copy): the update
-    follows the eager run's up to the compiled kernels' rounding, and checkpoints keep the same names."""
-    from torch._dynamo.utils import counters
-
-    weights, names, compiled = [], [], []
-    graphs = counters["stats"]["unique_graphs"]
-    for on in (False, True):
-        trainer = Trainer(make_config(f"run.output_dir={tmp_path / str(on)}", "train.steps=2", f"train.compile={on}",
-                                      "regularizers=[{name: gaussian_kl, weight: 0.1}]"), PluginManager())
-        state = trainer.setup()
-        before = [p.detach().clone() for p in state.backbone.trainable_module().parameters()]
-        for step in range(2):
-            trainer.train_step(step)
-        trainer.scorer.close()
-        module = state.backbone.trainable_module()
-        compiled.append([getattr(m, "_compiled_call_impl", None) is not None
-                         for m in (module, state.backbone._reference_transformer)])
-        names.append(sorted(state.backbone.trainable_state_dict()))
-        weights.append([(p.detach() - b) for p, b in zip(module.parameters(), before)])
-    assert compiled == [[False, False], [True, True]]
-    assert counters["stats"]["unique_graphs"] > graphs  # compiled graphs ran, not an eager fallback
-    assert names[0] == names[1]
-    eager, fast = (torch.cat([u.flatten() for u in update]) for update in weights)
-    assert eager.norm() > 0
-    assert (fast - eager).norm() < 1e-3 * eager.norm()  # 6e-6 here
+@pytest.mark.parametrize("overrides,reference", [
+    (("regularizers=[{name: gaussian_kl, weight: 0.1}]",), True),
+    (("train.reuse_rollout_forward=true",), False),
+], ids=["kl-reference", "reused-forwards"])
+def test_compiled_policy_trains_like_the_eager_one_and_keeps_its_parameter_names(make_config, tmp_path, overrides,
+                                                                                 reference):
+    """train.compile compiles the network in place (rollout, training and the KL's reference copy; the rollout's
+    kept forwards too): the update follows the eager run's up to the compiled kernels' rounding, and checkpoints
+    keep the same names."""
+    runs = train_eager_and_compiled(make_config, tmp_path, 2, *overrides)
+    assert runs.compiled_modules == [[False] * (1 + reference), [True] * (1 + reference)]
+    assert runs.graphs_ran and runs.same_names
+    assert runs.eager.norm() > 0 and runs.relative_difference() < 1e-3  # 6e-6 here
 
 
 @pytest.mark.parametrize("overrides", [

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from compile_checks import train_eager_and_compiled
 
 from gyremedia.config import ConfigError
 from gyremedia.interfaces import BuildContext, RolloutRequest
@@ -77,6 +78,16 @@ def test_the_first_update_is_on_policy_exactly_and_the_k3_kl_starts_at_zero(make
                             "train.num_iterations=2", f"run.output_dir={tmp_path}/later")
     metrics = Trainer(later, PluginManager()).train().last_metrics
     assert metrics["token_kl/kl"] > 0  # the policy has moved away from the reference
+
+
+@pytest.mark.slow
+def test_a_compiled_token_policy_trains_like_the_eager_one(make_llm_config, tmp_path):
+    """train.compile on the token policy: generation with its KV cache, the update and the KL's reference copy run
+    compiled, and the update follows the eager one's up to the compiled kernels' rounding."""
+    runs = train_eager_and_compiled(make_llm_config, tmp_path, 2, "objective.kl_beta=0.1", "train.num_iterations=2")
+    assert runs.compiled_modules == [[False, False], [True, True]]
+    assert runs.graphs_ran and runs.same_names
+    assert runs.eager.norm() > 0 and runs.relative_difference() < 1e-3
 
 
 def test_resume_reproduces_an_uninterrupted_run(llm_yaml, tmp_path):
