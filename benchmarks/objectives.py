@@ -49,6 +49,8 @@ OBJECTIVES = {
     "flow_grpo_lr2e-4": (FLOW_GRPO, [LR_2E4], 150),
     # Full-SDE GRPO, MixGRPO's own baseline: the recipe with every stochastic transition of the 10 trained.
     "flow_grpo_full_sde": (FLOW_GRPO, [LR_2E4, "objective.timestep_fraction=1.0"], 150),
+    # The recipe training only its first 2 transitions: the flat control for trees that skip their third.
+    "flow_grpo_first2": (FLOW_GRPO, [LR_2E4, "objective.timestep_fraction=0.2"], 150),
     # MixGRPO: SDE only inside a 3-step window that moves one index every 25 steps, ODE elsewhere;
     # every stochastic transition (the window's) is trained.
     "mixgrpo": (FLOW_GRPO, [LR_2E4,
@@ -65,6 +67,10 @@ OBJECTIVES = {
     "tree_grpo_pruned": (FLOW_GRPO, [LR_2E4, TREE_GRPO, *TWO_ROOTS, "objective.width=4"], 150),
     # The same, depth-pruned: transition 2 (8 of the 20 nodes each group trains) is never trained.
     "tree_grpo_skip_leaves": (FLOW_GRPO, [LR_2E4, TREE_GRPO, *TWO_ROOTS, "objective.skip_steps=[2]"], 150),
+    # Two trees per group splitting at transitions 1 and 2: transition 0 is shared by each tree's 4 leaves, so a
+    # group samples and trains fewer rows (14 nodes trained, against 20 splitting at 0 and 1).
+    "tree_grpo_later_splits": (FLOW_GRPO, [LR_2E4, TREE_GRPO, "rollout.branch_steps=[1, 2]", "rollout.branch_width=2",
+                                           "rollout.branch_roots=2"], 150),
     "nft": (CONFIGS / "quickstart.yaml", [], 100),
     # Sol-RL's two-stage rollouts on DiffusionNFT: per prompt 16 initial noises sampled with 5 ODE steps and
     # scored; the 4 best and 4 worst are sampled again at full quality and trained on.
