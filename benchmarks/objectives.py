@@ -11,8 +11,15 @@ excluded). Held-out accuracy is measured every ``--eval-every`` steps on the qui
 samples. Prints, per objective (mean over seeds): NFEs and seconds to reach base + ``--gain`` points,
 accuracy at the largest NFE budget every run covers, and ratios against the baseline measured in the same
 run. A baseline seed that never reaches the target counts with its whole run, which makes a ratio a lower
-bound (printed as ">=").
+bound (printed as ">="). Reaching the target is also read off the seeds' mean curve (each seed's accuracy
+linear in NFEs between evaluations, averaged, then the first NFE count at the target): steadier than the
+mean of each seed's first evaluation at the target, which one seed's early or late crossing moves.
 Writes the curves to ``--out`` (JSON) and a plot beside it.
+
+    python benchmarks/objectives.py --report A.json B.json ...
+
+prints the same table for the curves of earlier runs, merged per objective (a run that is in two files, the
+same seed run twice, counts once): the baseline is the first objective of the first file.
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from gyremedia.config import load_config, resolve_config
@@ -143,6 +152,26 @@ def mean(values: list[float | None]) -> float | None:
     return None if any(v is None for v in values) else sum(values) / len(values)
 
 
+def mean_curve_reaching(runs: list[list[dict]], target: float, points: int = 2001) -> float | None:
+    """NFEs at which the seeds' mean accuracy first reaches ``target`` (None: never within every run's NFEs)."""
+    grid = np.linspace(0, min(c[-1]["nfe"] for c in runs), points)
+    mean_accuracy = np.mean([np.interp(grid, [p["nfe"] for p in c], [p["accuracy"] for p in c]) for c in runs], axis=0)
+    reached = np.flatnonzero(mean_accuracy >= target)
+    return float(grid[reached[0]]) if len(reached) else None
+
+
+def merged_curves(paths: list[Path]) -> dict[str, list[list[dict]]]:
+    """The curves of earlier runs' JSON files per objective, in file order; a curve already seen (the same
+    evaluations, as when one seed was run twice) is kept once."""
+    curves: dict[str, list[list[dict]]] = {}
+    for path in paths:
+        for objective, runs in json.loads(path.read_text())["curves"].items():
+            seen = curves.setdefault(objective, [])
+            key = lambda curve: [(p["step"], p["nfe"], p["accuracy"]) for p in curve]  # noqa: E731
+            seen += [run for run in runs if key(run) not in [key(other) for other in seen]]
+    return curves
+
+
 def cost_to_target(runs: list[list[dict]], target: float, key: str) -> tuple[float, bool]:
     """Mean ``key`` to the target over seeds, a seed that never reached it counting with its whole run;
     and whether every seed reached it (else the mean is a lower bound)."""
@@ -161,14 +190,30 @@ def main() -> None:
     parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES),
                         help="objectives to run; the first is the baseline of the printed ratios")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/objectives.json"))
+    parser.add_argument("--report", type=Path, nargs="+", default=None,
+                        help="print the table for the curves in these JSON files (earlier runs' --out) instead of running")
     args = parser.parse_args()
+    if args.report:
+        report(merged_curves(args.report), args.gain, f"the curves of {', '.join(map(str, args.report))}")
+        return
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
         futures = {objective: [pool.submit(run, objective, seed, args.steps, args.eval_every, Path(tmp) / f"{objective}-{seed}")
                                for seed in args.seeds] for objective in args.objectives}
         curves = {objective: [f.result() for f in runs] for objective, runs in futures.items()}
-    base = curves[args.objectives[0]][0][0]["accuracy"]
-    target = base + args.gain / 100
-    baseline = args.objectives[0]
+    print(f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
+          f"(one thread per run){'' if not torch.accelerator.is_available() else ', ' + str(torch.accelerator.current_accelerator())}")
+    summary = report(curves, args.gain, f"seeds {args.seeds}, {args.jobs} run(s) in parallel, eval every {args.eval_every}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({**summary, "curves": curves}, indent=1))
+    plot(curves, summary["target"], args.out.with_suffix(".png"))
+    print(f"curves: {args.out}, plot: {args.out.with_suffix('.png')}")
+
+
+def report(curves: dict[str, list[list[dict]]], gain: float, how: str) -> dict[str, Any]:
+    """Print the table of ``curves`` (the first objective the baseline); returns its figures."""
+    baseline = next(iter(curves))
+    base = curves[baseline][0][0]["accuracy"]
+    target = base + gain / 100
     budget = min(c[-1]["nfe"] for runs in curves.values() for c in runs)
     rows = {}
     for objective, runs in curves.items():
@@ -177,27 +222,21 @@ def main() -> None:
             "seconds_to_target": mean([first_reaching(c, target, "seconds") for c in runs]),
             "nfe_cost": cost_to_target(runs, target, "nfe"),
             "seconds_cost": cost_to_target(runs, target, "seconds"),
+            "mean_curve_nfe_to_target": mean_curve_reaching(runs, target),
             "reached": sum(first_reaching(c, target, "nfe") is not None for c in runs),
             "accuracy_at_budget": sum(accuracy_at(c, budget) for c in runs) / len(runs),
             "final_diversity": sum(c[-1]["diversity"] for c in runs) / len(runs),
             "nfe_per_step": sum(c[-1]["nfe"] / c[-1]["step"] for c in runs) / len(runs),
             "final_gains": [c[-1]["accuracy"] - c[0]["accuracy"] for c in runs],
         }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"target": target, "base": base, "budget_nfe": budget, "rows": rows,
-                                    "curves": curves}, indent=1))
-    plot(curves, target, args.out.with_suffix(".png"))
-
-    print(f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
-          f"(one thread per run){'' if not torch.accelerator.is_available() else ', ' + str(torch.accelerator.current_accelerator())}")
     steps = {o: runs[0][-1]["step"] for o, runs in curves.items()}
-    print(f"quickstart world, seeds {args.seeds}, steps {steps}, {args.jobs} run(s) in parallel, eval every "
-          f"{args.eval_every}; base held-out accuracy {100 * base:.1f}%, target {100 * target:.1f}%, NFE budget "
-          f"{budget:,} (the largest every run covers)")
+    print(f"quickstart world, {how}, steps {steps}; base held-out accuracy {100 * base:.1f}%, target "
+          f"{100 * target:.1f}%, NFE budget {budget:,} (the largest every run covers)")
     ref = rows[baseline]
-    print(f"| objective | reached target | NFEs to target | vs {baseline} | seconds to target | vs {baseline} | NFEs per step "
-          f"| accuracy at budget | gain at the end (per seed, points) | diversity |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| objective | reached target | NFEs to target | vs {baseline} | seconds to target | vs {baseline} "
+          f"| NFEs where the seeds' mean reaches it | vs {baseline} | NFEs per step | accuracy at budget "
+          f"| gain at the end (per seed, points) | diversity |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for objective, row in rows.items():
         def ratio(key):
             if row[key] is None:
@@ -206,13 +245,17 @@ def main() -> None:
             return f"{'' if exact else '>= '}{baseline_cost / row[key]:.1f}x"
         nfe = f"{row['nfe_to_target']:,.0f}" if row["nfe_to_target"] is not None else "not in every seed"
         sec = f"{row['seconds_to_target']:.0f} s" if row["seconds_to_target"] is not None else "not in every seed"
-        print(f"| {objective} | {row['reached']}/{len(args.seeds)} | {nfe} | {ratio('nfe_to_target')} | {sec} | "
-              f"{ratio('seconds_to_target')} | {row['nfe_per_step']:.0f} | {100 * row['accuracy_at_budget']:.1f}% | "
-              f"{' / '.join(f'{100 * g:+.1f}' for g in row['final_gains'])} | {row['final_diversity']:.3f} |")
+        on_mean, ref_mean = row["mean_curve_nfe_to_target"], ref["mean_curve_nfe_to_target"]
+        mean_nfe = f"{on_mean:,.0f}" if on_mean is not None else "never"
+        mean_ratio = f"{ref_mean / on_mean:.2f}x" if on_mean and ref_mean else "n/a"
+        print(f"| {objective} | {row['reached']}/{len(curves[objective])} | {nfe} | {ratio('nfe_to_target')} | {sec} | "
+              f"{ratio('seconds_to_target')} | {mean_nfe} | {mean_ratio} | {row['nfe_per_step']:.0f} | "
+              f"{100 * row['accuracy_at_budget']:.1f}% | {' / '.join(f'{100 * g:+.1f}' for g in row['final_gains'])} | "
+              f"{row['final_diversity']:.3f} |")
     print("per-seed held-out accuracy (%) at each evaluation:")
     for objective, runs in curves.items():
         print(f"  {objective}: " + " | ".join(" ".join(f"{100 * p['accuracy']:.1f}" for p in c) for c in runs))
-    print(f"curves: {args.out}, plot: {args.out.with_suffix('.png')}")
+    return {"target": target, "base": base, "budget_nfe": budget, "rows": rows}
 
 
 def plot(curves: dict[str, list[list[dict]]], target: float, path: Path) -> None:
