@@ -65,6 +65,17 @@ class Policy(Protocol):
     The policy owns how a rollout is collected (denoising trajectories, trees, token generation) and
     how its media and evaluation samples are made. Its class declares ``media_kind`` and
     ``transitions`` (``"denoising"``: sampler steps of a state; ``"tokens"``: sampled tokens).
+
+    Optional methods, each with the capability that declares it (so the config refuses the key before any
+    model loads for a policy without it):
+
+    - ``shard() -> int`` and ``unshard()`` (``shardable = True``): shard its networks over the processes with
+      FSDP2 after :meth:`enable_reference` (``train.sharding: fsdp2``), returning the number of blocks sharded;
+      at the end of the run give the main process whole networks to export (a collective).
+    - ``compile() -> None`` (``compilable = True``): compile its networks with ``torch.compile`` in place after
+      :meth:`enable_reference` (``train.compile``); parameter names, checkpoints and exports stay as they are.
+    - ``prefetch(prompts) -> None``: start preparing the next step's prompts (e.g. encoding them) in the
+      background while this step trains; the trainer calls it when the policy has it.
     """
 
     media_kind: str
@@ -77,11 +88,6 @@ class Policy(Protocol):
 
     def enable_reference(self) -> None:
         """Keep the frozen reference policy (the base model) that KL terms and the monitor compare with."""
-
-    def compile(self) -> None:
-        """Compile the policy's networks with ``torch.compile`` in place (``train.compile``), after
-        :meth:`enable_reference`; parameter names, checkpoints and exports stay as they are. Optional: a
-        policy that has it declares ``compilable = True``."""
 
     def collect_rollout(self, request: RolloutRequest, sampler: Sampler | None) -> Rollout:
         """Sample the request's prompts (the default of the rollout stage); ``sampler`` is the run's, if any."""
