@@ -84,7 +84,6 @@ def main() -> None:
             chosen = full.gather(1, contrastive_subset(cheap, r.group_size)).std(dim=1).mean()
             print(f"| {steps} | {rho:.2f} | {chosen:.3f} | {full.gather(1, random).std(dim=1).mean():.3f} | "
                   f"{oracle:.3f} | {args.pool * steps} + {r.group_size * r.num_steps} vs {r.group_size * r.num_steps} |")
-        trainer.scorer.close()
 
 
 if __name__ == "__main__":

@@ -258,7 +258,6 @@ def measure(spec: dict) -> dict:
             seconds.append(time.perf_counter() - start)
             meter.end_step()
             state.step = step + 1
-        trainer.scorer.close()
     probe.close()
 
     events = meter.events

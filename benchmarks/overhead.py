@@ -138,7 +138,6 @@ def measure(config_path: Path, overrides: list[str], steps: int, warmup: int, ou
         metrics = trainer.train_step(step)
         total += clock.now() - start
         clock.seconds["reward"] += metrics["time/reward"]
-    trainer.scorer.close()
     seconds = dict(clock.seconds)
     seconds["other"] = total - sum(seconds.values())
     outside = total - seconds["forward"] - seconds["backward"]

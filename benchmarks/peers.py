@@ -192,7 +192,6 @@ def flow_grpo_rows(clone: Path, batch: int, repeats: int, compiled: bool) -> tup
 
         their_step, _ = best_of(repeats, theirs_train)
         our_step, _ = best_of(repeats, lambda: trainer.optimize(rollout, 0))
-        trainer.scorer.close()
         variants = {"train.reuse_rollout_forward": ["train.reuse_rollout_forward=true"]}
         if compiled:
             variants |= {"train.compile": ["train.compile=true"],
@@ -223,7 +222,6 @@ def whole_step_times(config: Path, batch: int, tmp: str, repeats: int, advantage
 
         step()
         seconds[label] = best_of(repeats, step)[0]
-        trainer.scorer.close()
     return seconds
 
 
@@ -350,8 +348,6 @@ def flow_grpo_training(clone: Path, steps: int, seed: int, eval_every: int, sett
                 start = time.perf_counter()
                 train_step(step)
                 seconds[name] += time.perf_counter() - start
-        ours.scorer.close()
-        theirs.trainer.scorer.close()
     names = {"gyremedia": "gyremedia `grpo` (configs/quickstart_grpo.yaml)",
              "theirs": "Flow-GRPO's training loop, its functions",
              "theirs_ema": "Flow-GRPO's training loop, its EMA weights (what it evaluates)"}
@@ -421,7 +417,6 @@ def diffusion_nft_rows(clone: Path, batch: int, repeats: int, compiled: bool) ->
 
         their_step, _ = best_of(repeats, theirs_train)
         our_step, _ = best_of(repeats, lambda: trainer.optimize(rollout, 0))
-        trainer.scorer.close()
         whole = whole_step_times(QUICKSTART_NFT, batch, tmp, repeats, advantages,
                                  {"train.compile": ["train.compile=true"]} if compiled else {})
     return [("DiffusionNFT: sampling (with decode; dpm2 vs Euler)", their_time, our_time),

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -101,10 +102,6 @@ class Scorer:
     def __init__(self, selected: list[Selected], rewards: dict[str, Any]) -> None:
         self.selected = selected
         self.rewards = rewards
-        self._pool = self._new_pool()
-
-    def _new_pool(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(max_workers=max(len(self.selected), 1), thread_name_prefix="gyremedia-reward")
 
     def may_drop(self, name: str) -> bool:
         """Whether reward ``name`` drops failed samples (and so reports a dropped count)."""
@@ -112,7 +109,7 @@ class Scorer:
 
     def submit(self, media: Media, prompts: list[str]) -> dict[str, tuple[Future, float]]:
         """Start every reward on the batch; returns their futures with their start times."""
-        return {s.name: (self._pool.submit(call_reward, self.rewards[s.name], media, prompts), time.monotonic())
+        return {s.name: (in_own_thread(call_reward, self.rewards[s.name], media, prompts), time.monotonic())
                 for s in self.selected}
 
     def collect(self, futures: dict[str, tuple[Future, float]], prompts: list[str], step: int) -> ScoredBatch:
@@ -125,11 +122,7 @@ class Scorer:
             try:
                 wait = max(timeout - (time.monotonic() - started), 0.0) if timeout else None
                 scores = future.result(timeout=wait)
-            except FutureTimeout:
-                # The hung call keeps its thread; later calls get a fresh pool instead of queueing behind it
-                # (the other rewards' calls, already running in the old pool, finish there).
-                self._pool.shutdown(wait=False)
-                self._pool = self._new_pool()
+            except FutureTimeout:  # the hung call keeps its thread; later calls start their own
                 scores = self._failed(s.name, step, prompts, f"no answer within timeout={timeout} s", policy)
                 failed[:] = True
             except MalformedRewardOutput as exc:  # a bug in the reward, never a flaky sample
@@ -160,8 +153,25 @@ class Scorer:
             raise reward_error(name, step, prompts, why) from cause
         return {"score": torch.full((len(prompts),), float("nan"))}
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+
+def in_own_thread(function: Callable[..., Any], *args: Any) -> Future:
+    """``function(*args)`` in a new daemon thread that ends with the call; its future.
+
+    Not a persistent pool: a worker thread that once ran a parallel torch op keeps an OpenMP thread team for
+    as long as it lives, and with GNU OpenMP (torch's CPU wheels) the surplus of threads over cores makes every
+    team stop spinning between parallel regions, the trainer's own included. One idle thread of that kind made
+    the quickstart's CPU steps 1.4x slower (docs/benchmarks.md). A thread that ends frees its team.
+    """
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(function(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="gyremedia-reward", daemon=True).start()
+    return future
 
 
 def reward_error(name: str, step: int, prompts: list[str], why: str, index: int | None = None) -> RewardError:

@@ -696,7 +696,6 @@ class Trainer:
             raise
         finally:
             progress.close()
-            self.scorer.close()
             for sink in state.loggers:
                 sink.close()
         return state

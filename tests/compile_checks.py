@@ -37,7 +37,6 @@ def train_eager_and_compiled(make: Callable[..., object], out: Path, steps: int,
         before = [p.detach().clone() for p in network.parameters()]
         for step in range(steps):
             trainer.train_step(step)
-        trainer.scorer.close()
         reference = state.backbone._reference_transformer
         modules.append([getattr(m, "_compiled_call_impl", None) is not None
                         for m in (network, reference) if m is not None])

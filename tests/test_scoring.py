@@ -78,10 +78,7 @@ class Failing:
 
 def score_with(how: str, **settings):
     scorer = Scorer([selected("flaky", **settings)], {"flaky": Failing(how)})
-    try:
-        return scorer.collect(scorer.submit(MEDIA, PROMPTS), PROMPTS, step=7)
-    finally:
-        scorer.close()
+    return scorer.collect(scorer.submit(MEDIA, PROMPTS), PROMPTS, step=7)
 
 
 def test_fail_policy_names_reward_step_and_prompt():
@@ -115,7 +112,6 @@ def test_timeout_drops_the_call_and_later_calls_do_not_queue_behind_it():
     reward.how = "ok"
     scored = scorer.collect(scorer.submit(MEDIA, PROMPTS), PROMPTS, step=1)  # a fresh worker, not the hung one
     assert not scored.dropped["slow"].any() and time.perf_counter() - start < 2.5
-    scorer.close()
     with pytest.raises(RewardError, match="no answer within timeout=0.3 s"):
         score_with("sleep", timeout=0.3)
 
@@ -132,5 +128,15 @@ def test_rewards_run_in_parallel_threads():
 
     scorer = Scorer([selected("a"), selected("b")], {"a": Meeting(), "b": Meeting()})
     scored = scorer.collect(scorer.submit(MEDIA, PROMPTS), PROMPTS, step=0)
-    scorer.close()
     assert set(scored.components) == {"a", "b"}
+
+
+def test_a_reward_thread_ends_with_its_call():
+    """No worker outlives its call: one that ran parallel torch ops would keep an OpenMP thread team, which
+    slows every later parallel op of the trainer on a CPU with GNU OpenMP (``in_own_thread``)."""
+    scorer = Scorer([selected("a"), selected("b")], {"a": Failing("ok"), "b": Failing("ok")})
+    scorer.collect(scorer.submit(MEDIA, PROMPTS), PROMPTS, step=0)
+    workers = [t for t in threading.enumerate() if t.name.startswith("gyremedia-reward")]
+    for worker in workers:
+        worker.join(timeout=5)
+    assert not [t for t in workers if t.is_alive()]

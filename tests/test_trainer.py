@@ -91,7 +91,6 @@ def test_prompts_encoded_ahead_in_a_thread_change_no_number(make_config, tmp_pat
         if not prefetch:
             state.backbone.prefetch = None
         runs.append([comparable(trainer.train_step(step)) for step in range(3)])
-        trainer.scorer.close()
     assert runs[0] == runs[1]
 
 
@@ -105,7 +104,6 @@ def test_fused_adamw_is_opt_in_and_trains_the_same_up_to_rounding(make_config, t
         state = trainer.setup()
         for step in range(3):
             trainer.train_step(step)
-        trainer.scorer.close()
         fused.append(bool(state.optimizer.param_groups[0]["fused"]))
         weights.append([p.detach().clone() for p in state.backbone.trainable_module().parameters() if p.requires_grad])
     assert fused == [False, True]
@@ -153,7 +151,6 @@ def test_reused_rollout_forwards_train_the_same_weights_with_fewer_forwards(make
             trainer.train_step(step)
             assert planned[-1] == state.objective.micro_steps(state.rollout, step)
             assert KeptForwards.KEY not in state.rollout.extras  # no graph outlives its update
-        trainer.scorer.close()
         forwards.append(sum(rows))
         weights.append([p.detach().clone() for p in state.backbone.trainable_module().parameters()])
     config = trainer.config.core
@@ -171,7 +168,6 @@ def test_each_steps_prompts_are_drawn_once(make_config, tmp_path, monkeypatch):
     monkeypatch.setattr(trainer.prompts, "groups_for_step", lambda seed, step, n: drawn.append(step) or original(seed, step, n))
     for step in range(3):
         trainer.train_step(step)
-    trainer.scorer.close()
     assert drawn == [0, 1, 2]
 
 

@@ -226,8 +226,11 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         """Encode the prompts of a later step in a background thread, while this one trains (the frozen
         encoders then run beside the denoiser instead of before it). The same per-prompt ``encode`` fills
         the cache, so the conditions are the same numbers as without it; a failure there resurfaces when
-        the step itself encodes them."""
-        threading.Thread(target=self.encode, args=(list(prompts),), name="gyremedia-prefetch", daemon=True).start()
+        the step itself encodes them. Prompts already cached start no thread; the thread ends with its encode
+        (a lasting one would keep an OpenMP team that slows the trainer: ``gyremedia.scoring.in_own_thread``)."""
+        missing = [prompt for prompt in dict.fromkeys(prompts) if prompt not in self._prompt_cache]
+        if missing:
+            threading.Thread(target=self.encode, args=(missing,), name="gyremedia-prefetch", daemon=True).start()
 
     def sample_noise(self, generators: list[torch.Generator]) -> torch.Tensor:
         noise = torch.stack([torch.randn(self.state_shape(), generator=g) for g in generators])

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import ndimage
 
 from gyremedia_shapes.world import COLOURS, Prompt, parse_prompt
 
@@ -31,47 +32,59 @@ class DetectedObject:
     pixels: int
 
 
-def _components(mask: np.ndarray) -> list[np.ndarray]:
-    """4-connected components of a boolean mask, as arrays of (row, col)."""
-    seen = np.zeros_like(mask)
-    height, width = mask.shape
-    found = []
-    for start in zip(*np.nonzero(mask)):
-        if seen[start]:
+# 4-connectivity within each image plane, none across planes: one labelling call finds every object of a batch
+_IN_PLANE = np.zeros((3, 3, 3), dtype=bool)
+_IN_PLANE[1] = ndimage.generate_binary_structure(2, 1)
+
+
+def detect_batch(images: np.ndarray) -> list[list[DetectedObject]]:
+    """The objects of each ``[H, W, 3]`` image of ``images [N, H, W, 3]`` (values in [0, 1]).
+
+    Each (image, colour) plane's pixels of that colour are labelled into 4-connected components in one
+    vectorised pass; a component's size, centroid, bounding box and half-box counts come from bincounts.
+    """
+    count, height, width, _ = images.shape
+    on = images.max(axis=-1) > ON_THRESHOLD
+    colour_index = images.argmax(axis=-1)
+    colours = len(_COLOUR_NAMES)
+    planes = np.stack([on & (colour_index == c) for c in range(colours)], axis=1)  # [N, C, H, W]
+    labels, found = ndimage.label(planes.reshape(-1, height, width), structure=_IN_PLANE)
+    objects: list[list[DetectedObject]] = [[] for _ in range(count)]
+    if not found:
+        return objects
+    plane, rows, cols = np.nonzero(labels)
+    ids = labels[plane, rows, cols]
+    size = np.bincount(ids, minlength=found + 1)
+    centroid_x = np.bincount(ids, weights=cols, minlength=found + 1)[1:] / size[1:]
+    centroid_y = np.bincount(ids, weights=rows, minlength=found + 1)[1:] / size[1:]
+    boxes = ndimage.find_objects(labels)  # per label: its (plane, row, column) slices
+    rows_low = np.array([box[1].start for box in boxes])
+    rows_high = np.array([box[1].stop - 1 for box in boxes])
+    box_area = (rows_high - rows_low + 1) * np.array([box[2].stop - box[2].start for box in boxes])
+    middle = (rows_low + rows_high) / 2
+    top = np.bincount(ids, weights=rows < middle[ids - 1], minlength=found + 1)[1:]
+    bottom = np.bincount(ids, weights=rows > middle[ids - 1], minlength=found + 1)[1:]
+    for label, box in enumerate(boxes):
+        pixels = int(size[label + 1])
+        if pixels < MIN_PIXELS:
             continue
-        stack, pixels = [start], []
-        seen[start] = True
-        while stack:
-            r, c = stack.pop()
-            pixels.append((r, c))
-            for nr, nc in ((r + 1, c), (r - 1, c), (r, c + 1), (r, c - 1)):
-                if 0 <= nr < height and 0 <= nc < width and mask[nr, nc] and not seen[nr, nc]:
-                    seen[nr, nc] = True
-                    stack.append((nr, nc))
-        found.append(np.array(pixels))
-    return found
+        image, colour = divmod(box[0].start, colours)
+        objects[image].append(DetectedObject(_COLOUR_NAMES[colour],
+                                             _shape_of(pixels / box_area[label], top[label], bottom[label]),
+                                             float(centroid_x[label]), float(centroid_y[label]), pixels))
+    return objects
 
 
 def detect(image: np.ndarray) -> list[DetectedObject]:
     """Objects in a ``[H, W, 3]`` image with values in [0, 1]."""
-    on = image.max(axis=-1) > ON_THRESHOLD
-    colour_index = image.argmax(axis=-1)
-    objects = []
-    for index, colour in enumerate(_COLOUR_NAMES):
-        for pixels in _components(on & (colour_index == index)):
-            if len(pixels) < MIN_PIXELS:
-                continue
-            objects.append(DetectedObject(colour, _shape_of(pixels), float(pixels[:, 1].mean()),
-                                          float(pixels[:, 0].mean()), len(pixels)))
-    return objects
+    return detect_batch(image[None])[0]
 
 
-def _shape_of(pixels: np.ndarray) -> str:
-    rows, cols = pixels[:, 0], pixels[:, 1]
-    if len(pixels) / ((rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1)) >= SQUARE_FILL:
+def _shape_of(box_fill: float, top: float, bottom: float) -> str:
+    """A square fills its bounding box; a triangle (apex up) has fewer pixels above the box's middle row
+    than below it; a circle about as many."""
+    if box_fill >= SQUARE_FILL:
         return "square"
-    middle = (rows.min() + rows.max()) / 2
-    top, bottom = (rows < middle).sum(), (rows > middle).sum()
     return "triangle" if top < TRIANGLE_TOP_RATIO * bottom else "circle"
 
 
@@ -92,9 +105,16 @@ def verify(image: np.ndarray, prompt: Prompt | str) -> dict[str, bool]:
     present; count: the image holds exactly the named objects, no more, no fewer; position: the
     named relation holds between the two named objects.
     """
-    if isinstance(prompt, str):
-        prompt = parse_prompt(prompt)
-    objects = detect(image)
+    return verify_batch(image[None], [prompt])[0]
+
+
+def verify_batch(images: np.ndarray, prompts: list[Prompt | str]) -> list[dict[str, bool]]:
+    """:func:`verify` of each image of ``images [N, H, W, 3]`` against its prompt, detected in one pass."""
+    return [_criteria(objects, parse_prompt(prompt) if isinstance(prompt, str) else prompt)
+            for objects, prompt in zip(detect_batch(images), prompts, strict=True)]
+
+
+def _criteria(objects: list[DetectedObject], prompt: Prompt) -> dict[str, bool]:
     if prompt.relation is None:
         wanted = [(prompt.colour, prompt.shape)] * prompt.count
     else:

@@ -9,7 +9,7 @@ import torch
 
 from gyremedia.options import OptionError, option
 from gyremedia.rollout import Media
-from gyremedia_shapes.verifier import CRITERIA, verify
+from gyremedia_shapes.verifier import CRITERIA, verify_batch
 
 
 @dataclass
@@ -40,7 +40,7 @@ class ShapesVerifierReward:
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
         images = media.data.detach().float().cpu().clamp(0, 1).permute(0, 2, 3, 1).numpy()
-        results = [verify(image, prompt) for image, prompt in zip(images, prompts)]
+        results = verify_batch(images, prompts)
         out = {name: torch.tensor([float(r[name]) if name in r else np.nan for r in results]) for name in CRITERIA}
         out["correct"] = torch.tensor([float(r["correct"]) for r in results])
         counted = [[r[c] for c in self.criteria if c in r] for r in results]  # NaN where none applies

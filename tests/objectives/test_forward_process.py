@@ -123,7 +123,6 @@ def test_an_old_policy_equal_to_the_trained_one_costs_no_forward_and_changes_no_
             metrics.append({k: v for k, v in trainer.train_step(step).items() if not k.startswith("time/")})
             state.plugins.hook.gyremedia_on_step_end(state=state, metrics=metrics[-1])
         runs[shortcut] = metrics, [p.detach().clone() for p in module.parameters()], len(forwards)
-        trainer.scorer.close()
     (fast, fast_params, fast_forwards), (slow, slow_params, slow_forwards) = runs[True], runs[False]
     assert fast == slow and all(torch.equal(a, b) for a, b in zip(fast_params, slow_params))
     micro_steps = 2 * 2  # 2 steps x 2 re-noised levels

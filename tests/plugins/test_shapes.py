@@ -6,7 +6,7 @@ import torch
 
 from gyremedia.options import validate
 from gyremedia.rollout import Media
-from gyremedia_shapes.verifier import detect, verify
+from gyremedia_shapes.verifier import detect, detect_batch, verify
 from gyremedia_shapes.verifier_reward import ShapesVerifierOptions, ShapesVerifierReward
 from gyremedia_shapes.world import VOCABULARY, all_prompts, parse_prompt, render, render_batch, split_prompts
 
@@ -41,6 +41,16 @@ def test_verifier_accepts_every_render_of_every_prompt(noise):
             image = np.clip(render(prompt, rng) + rng.normal(0, noise, (16, 16, 3)), 0, 1)
             result = verify(image, prompt)
             assert result["correct"], (prompt.text, result, detect(image))
+
+
+def test_a_batch_is_detected_as_its_images_are_one_by_one():
+    """One labelling call over the batch's colour planes joins no components across images or colours."""
+    rng = np.random.default_rng(3)
+    images = np.concatenate([np.stack([render(p, rng) for p in all_prompts()[:8]]), rng.random((8, 16, 16, 3))])
+    batch = detect_batch(images)
+    assert batch == [detect(image) for image in images]
+    assert sum(len(objects) for objects in batch[8:]) > 8  # noise: many components, touching every edge
+    assert detect_batch(np.zeros((2, 16, 16, 3))) == [[], []]
 
 
 def test_verifier_names_the_failed_criterion():

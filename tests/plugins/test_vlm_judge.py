@@ -78,7 +78,6 @@ def test_failure_policy_decides_what_a_bad_reply_does(server):
         else:
             scored = scorer.collect(futures, prompts, step=3)
             assert scored.dropped["vlm_judge"].tolist() == [False, True]
-        scorer.close()
 
 
 def test_a_refused_request_is_not_retried_and_says_why(server):
