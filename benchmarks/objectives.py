@@ -164,11 +164,14 @@ def merged_curves(paths: list[Path]) -> dict[str, list[list[dict]]]:
     """The curves of earlier runs' JSON files per objective, in file order; a curve already seen (the same
     evaluations, as when one seed was run twice) is kept once."""
     curves: dict[str, list[list[dict]]] = {}
+    seen: set[tuple] = set()
     for path in paths:
         for objective, runs in json.loads(path.read_text())["curves"].items():
-            seen = curves.setdefault(objective, [])
-            key = lambda curve: [(p["step"], p["nfe"], p["accuracy"]) for p in curve]  # noqa: E731
-            seen += [run for run in runs if key(run) not in [key(other) for other in seen]]
+            for run in runs:
+                key = (objective, *((p["step"], p["nfe"], p["accuracy"]) for p in run))
+                if key not in seen:
+                    seen.add(key)
+                    curves.setdefault(objective, []).append(run)
     return curves
 
 
