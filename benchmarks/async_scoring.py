@@ -49,8 +49,9 @@ class SlowPlugin:
 def mean_step_seconds(async_scoring: bool, steps: int, out: Path) -> float:
     pm = PluginManager(extra_plugins=[SlowPlugin])
     overrides = [f"run.output_dir={out}", f"train.steps={steps}", "rewards.0.name=slow_verifier",
-                 f"rollout.async_scoring={str(async_scoring).lower()}", "eval.samples=8", "eval.every=0",
-                 "eval.metric=null", "export.on_train_end=false", f"checkpoint.every={steps}", "logging.progress=false"]
+                 f"rollout.async_scoring={str(async_scoring).lower()}", "eval.prompts_file=null", "eval.samples=8",
+                 "eval.every=0", "eval.metric=null", "export.on_train_end=false", f"checkpoint.every={steps}",
+                 "logging.progress=false"]
     Trainer(resolve_config(load_config(QUICKSTART, overrides), pm), pm).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     times = [r["time/rollout"] + r["time/reward"] + r["time/train"] for r in rows if "time/train" in r]
