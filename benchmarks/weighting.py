@@ -67,7 +67,8 @@ def main() -> None:
         profiles = BudgetedOptions().profiles
         chose = ("kept " + ", ".join(profiles[int(r["weighting/profile"])] for r in last) if weighting == "budgeted" else
                  "power " + ", ".join(f"{r['weighting/power']:.2f}" for r in last) if weighting == "dynamic" else "")
-        print(f"| {weighting} | " + " | ".join(f"{m:.1f}" for m in means) + f" | {gain / reference:.2f}x | {chose} |")
+        ratio = f"{gain / reference:.2f}x" if reference else "n/a (the first row gained nothing)"
+        print(f"| {weighting} | " + " | ".join(f"{m:.1f}" for m in means) + f" | {ratio} | {chose} |")
 
 
 if __name__ == "__main__":
