@@ -15,7 +15,7 @@ import inspect
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -102,15 +102,24 @@ class Scorer:
     def __init__(self, selected: list[Selected], rewards: dict[str, Any]) -> None:
         self.selected = selected
         self.rewards = rewards
+        self._latest: dict[str, Future] = {}  # each reward's last call: its next one starts after it
 
     def may_drop(self, name: str) -> bool:
         """Whether reward ``name`` drops failed samples (and so reports a dropped count)."""
         return any(s.name == name and s.settings.on_failure == "drop" for s in self.selected)
 
     def submit(self, media: Media, prompts: list[str]) -> dict[str, tuple[Future, float]]:
-        """Start every reward on the batch; returns their futures with their start times."""
-        return {s.name: (in_own_thread(call_reward, self.rewards[s.name], media, prompts), time.monotonic())
-                for s in self.selected}
+        """Start every reward on the batch; returns their futures with their start times.
+
+        Different rewards run at once; one reward's calls run one at a time, in order (a reward need not be
+        thread-safe), as with ``rollout.async_scoring`` a batch can be submitted before the last one is scored.
+        """
+        futures = {}
+        for s in self.selected:
+            self._latest[s.name] = in_own_thread(call_reward, self.rewards[s.name], media, prompts,
+                                                 after=self._latest.get(s.name))
+            futures[s.name] = (self._latest[s.name], time.monotonic())
+        return futures
 
     def collect(self, futures: dict[str, tuple[Future, float]], prompts: list[str], step: int) -> ScoredBatch:
         """Wait for the futures of :meth:`submit` and apply the failure policies."""
@@ -122,7 +131,9 @@ class Scorer:
             try:
                 wait = max(timeout - (time.monotonic() - started), 0.0) if timeout else None
                 scores = future.result(timeout=wait)
-            except FutureTimeout:  # the hung call keeps its thread; later calls start their own
+            except FutureTimeout:  # the hung call keeps its thread; calls submitted later do not wait for it
+                if self._latest.get(s.name) is future:
+                    del self._latest[s.name]
                 scores = self._failed(s.name, step, prompts, f"no answer within timeout={timeout} s", policy)
                 failed[:] = True
             except MalformedRewardOutput as exc:  # a bug in the reward, never a flaky sample
@@ -154,8 +165,8 @@ class Scorer:
         return {"score": torch.full((len(prompts),), float("nan"))}
 
 
-def in_own_thread(function: Callable[..., Any], *args: Any) -> Future:
-    """``function(*args)`` in a new daemon thread that ends with the call; its future.
+def in_own_thread(function: Callable[..., Any], *args: Any, after: Future | None = None) -> Future:
+    """``function(*args)`` in a new daemon thread that ends with the call (once ``after`` is done); its future.
 
     Not a persistent pool: a worker thread that once ran a parallel torch op keeps an OpenMP thread team for
     as long as it lives, and with GNU OpenMP (torch's CPU wheels) the surplus of threads over cores makes every
@@ -165,6 +176,8 @@ def in_own_thread(function: Callable[..., Any], *args: Any) -> Future:
     future: Future = Future()
 
     def run() -> None:
+        if after is not None:
+            wait([after])
         try:
             future.set_result(function(*args))
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future

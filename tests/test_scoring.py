@@ -131,6 +131,28 @@ def test_rewards_run_in_parallel_threads():
     assert set(scored.components) == {"a", "b"}
 
 
+def test_one_rewards_calls_run_one_at_a_time_in_order():
+    """Batches submitted before the last is scored (async scoring) queue per reward: a reward need not be
+    thread-safe; different rewards still run at once (above)."""
+    calls, running = [], []
+
+    class Recording:
+        kinds = {"image"}
+
+        def __call__(self, media, prompts):
+            running.append(1)
+            calls.append((prompts[0], len(running)))
+            time.sleep(0.05)
+            running.pop()
+            return torch.zeros(len(prompts))
+
+    scorer = Scorer([selected("r")], {"r": Recording()})
+    futures = [scorer.submit(MEDIA, [f"batch {i}"] * len(PROMPTS)) for i in range(4)]
+    for i, submitted in enumerate(futures):
+        scorer.collect(submitted, PROMPTS, step=i)
+    assert calls == [(f"batch {i}", 1) for i in range(4)]
+
+
 def test_a_reward_thread_ends_with_its_call():
     """No worker outlives its call: one that ran parallel torch ops would keep an OpenMP thread team, which
     slows every later parallel op of the trainer on a CPU with GNU OpenMP (``in_own_thread``)."""
