@@ -3,8 +3,8 @@
 A reward is ``reward(media, prompts) -> dict[str, Tensor[B]] | Tensor[B]`` (see
 :class:`gyremedia.interfaces.Reward`). It may declare ``batch_size`` (the core then calls it on
 chunks of at most that many samples) and may be a coroutine function (``async def __call__``; its
-chunks are awaited concurrently). In training each selected reward runs in its own worker thread,
-so slow rewards (a remote judge, OCR) score in parallel with each other and, with
+chunks are awaited concurrently). In training each call of a selected reward runs in a thread of its own
+(one reward's calls in order, one at a time), so slow rewards (a remote judge, OCR) score in parallel with each other and, with
 ``rollout.async_scoring``, with the sampling of the next rollout.
 """
 
@@ -129,8 +129,8 @@ class Scorer:
             policy, timeout = s.settings.on_failure, s.settings.timeout
             failed = torch.zeros(len(prompts), dtype=torch.bool)
             try:
-                wait = max(timeout - (time.monotonic() - started), 0.0) if timeout else None
-                scores = future.result(timeout=wait)
+                seconds_left = max(timeout - (time.monotonic() - started), 0.0) if timeout else None
+                scores = future.result(timeout=seconds_left)
             except FutureTimeout:  # the hung call keeps its thread; calls submitted later do not wait for it
                 if self._latest.get(s.name) is future:
                     del self._latest[s.name]
