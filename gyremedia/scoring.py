@@ -13,18 +13,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import threading
 import time
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from gyremedia.config import Selected
 from gyremedia.interfaces import reward_components
 from gyremedia.rollout import Media
+from gyremedia.threads import in_own_thread
 
 logger = logging.getLogger("gyremedia")
 
@@ -117,7 +117,7 @@ class Scorer:
         futures = {}
         for s in self.selected:
             self._latest[s.name] = in_own_thread(call_reward, self.rewards[s.name], media, prompts,
-                                                 after=self._latest.get(s.name))
+                                                 after=self._latest.get(s.name), name="gyremedia-reward")
             futures[s.name] = (self._latest[s.name], time.monotonic())
         return futures
 
@@ -163,28 +163,6 @@ class Scorer:
         if policy == "fail":
             raise reward_error(name, step, prompts, why) from cause
         return {"score": torch.full((len(prompts),), float("nan"))}
-
-
-def in_own_thread(function: Callable[..., Any], *args: Any, after: Future | None = None) -> Future:
-    """``function(*args)`` in a new daemon thread that ends with the call (once ``after`` is done); its future.
-
-    Not a persistent pool: a worker thread that once ran a parallel torch op keeps an OpenMP thread team for
-    as long as it lives, and with GNU OpenMP (torch's CPU wheels) the surplus of threads over cores makes every
-    team stop spinning between parallel regions, the trainer's own included. One idle thread of that kind made
-    the quickstart's CPU steps 1.4x slower (docs/benchmarks.md). A thread that ends frees its team.
-    """
-    future: Future = Future()
-
-    def run() -> None:
-        if after is not None:
-            wait([after])
-        try:
-            future.set_result(function(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="gyremedia-reward", daemon=True).start()
-    return future
 
 
 def reward_error(name: str, step: int, prompts: list[str], why: str, index: int | None = None) -> RewardError:

@@ -54,11 +54,14 @@ def stock(tmp_path, folder, lora="-") -> np.ndarray:
     return np.load(out)
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_exported_pipeline_loads_in_stock_diffusers_and_matches_our_samples(tiny_yaml, tmp_path, lora):
+@pytest.mark.parametrize("lora,compiled", [(False, False), (True, False),
+                                           pytest.param(True, True, marks=pytest.mark.slow)],
+                         ids=["full", "lora", "lora-compiled"])
+def test_exported_pipeline_loads_in_stock_diffusers_and_matches_our_samples(tiny_yaml, tmp_path, lora, compiled):
+    """Trained with train.compile too: the export at train end merges the adapters of the compiled network."""
     run = tmp_path / "run"
     assert main(["train", str(tiny_yaml), f"backbone.lora.enabled={lora}", "train.learning_rate=0.01",
-                 "export.on_train_end=true"]) == 0
+                 "export.on_train_end=true", f"train.compile={compiled}"]) == 0
     pm = PluginManager()
     backbone = build_backbone(run_config(run, [], pm), pm)
     base_images = ours(backbone)

@@ -115,16 +115,20 @@ def test_fused_adamw_is_opt_in_and_trains_the_same_up_to_rounding(make_config, t
 @pytest.mark.parametrize("overrides,reference", [
     (("regularizers=[{name: gaussian_kl, weight: 0.1}]",), True),
     (("train.reuse_rollout_forward=true",), False),
-], ids=["kl-reference", "reused-forwards"])
+    (("objective={name: nft, old_policy_decay: 0.5}", "sampler={name: ode}", "backbone.lora.enabled=true"), False),
+], ids=["kl-reference", "reused-forwards", "nft-old-policy-lora"])
 def test_compiled_policy_trains_like_the_eager_one_and_keeps_its_parameter_names(make_config, tmp_path, overrides,
                                                                                  reference):
     """train.compile compiles the network in place (rollout, training and the KL's reference copy; the rollout's
-    kept forwards too): the update follows the eager run's up to the compiled kernels' rounding, and checkpoints
-    keep the same names."""
+    kept forwards too; NFT's old weights, swapped into it): the update follows the eager run's up to the compiled
+    kernels' rounding, and checkpoints keep the same names."""
     runs = train_eager_and_compiled(make_config, tmp_path, 2, *overrides)
     assert runs.compiled_modules == [[False] * (1 + reference), [True] * (1 + reference)]
     assert runs.graphs_ran and runs.same_names
     assert runs.eager.norm() > 0 and runs.relative_difference() < 1e-3  # 6e-6 here
+    if "old_policy_gap" in runs.last_metrics[0]:  # the old weights swapped into the compiled module are used
+        eager, compiled = (metrics["old_policy_gap"] for metrics in runs.last_metrics)
+        assert eager > 0 and compiled == pytest.approx(eager, rel=1e-3)
 
 
 @pytest.mark.parametrize("overrides", [

@@ -31,6 +31,7 @@ from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolic
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, option, pretrained_source
 from gyremedia.rollout import Media
+from gyremedia.threads import in_own_thread
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -227,10 +228,10 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         encoders then run beside the denoiser instead of before it). The same per-prompt ``encode`` fills
         the cache, so the conditions are the same numbers as without it; a failure there resurfaces when
         the step itself encodes them. Prompts already cached start no thread; the thread ends with its encode
-        (a lasting one would keep an OpenMP team that slows the trainer: ``gyremedia.scoring.in_own_thread``)."""
+        (a lasting one would keep an OpenMP team that slows the trainer: :func:`gyremedia.threads.in_own_thread`)."""
         missing = [prompt for prompt in dict.fromkeys(prompts) if prompt not in self._prompt_cache]
         if missing:
-            threading.Thread(target=self.encode, args=(missing,), name="gyremedia-prefetch", daemon=True).start()
+            in_own_thread(self.encode, missing, name="gyremedia-prefetch")
 
     def sample_noise(self, generators: list[torch.Generator]) -> torch.Tensor:
         noise = torch.stack([torch.randn(self.state_shape(), generator=g) for g in generators])
