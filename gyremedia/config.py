@@ -100,8 +100,9 @@ class TrainSection:
     # torch.compile of the policy's network and its frozen reference copy, in place (nn.Module.compile: the same
     # parameter names, so checkpoints and exports do not change). The first rollout, update and evaluation compile
     # (about a minute on a CPU), later steps run the compiled kernels. They round differently from eager ones, so
-    # a run is another draw of the figures recorded without it. A sharded (FSDP2) model stays eager.
-    compile: bool = option(False, help="compile the policy's network with torch.compile (not sharded)")
+    # a run is another draw of the figures recorded without it. A sharded (FSDP2) model is compiled after sharding:
+    # its blocks' all-gathers run around the compiled graphs.
+    compile: bool = option(False, help="compile the policy's network with torch.compile")
     max_grad_norm: float = option(1.0, gt=0, help="gradients are clipped to this global norm")
     warmup_steps: int = option(0, ge=0, help="linear learning-rate warm-up steps")
     num_minibatches: int = option(1, ge=1, help="optimizer steps per pass over a rollout; each takes a slice of it")

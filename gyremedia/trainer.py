@@ -168,7 +168,6 @@ class Trainer:
         self.reuse_forwards = self._unless_sharded("reuse_rollout_forward", train.reuse_rollout_forward,
                                                    "a sharded model gathers its weights per forward and frees them "
                                                    "after; training replays every transition")
-        self.compile_policy = self._unless_sharded("compile", train.compile, "a sharded (FSDP2) model is not compiled")
         self.run_dir = Path(self.core.run.output_dir)
         self.resume = resume
         self._refuse_to_overwrite()
@@ -234,7 +233,7 @@ class Trainer:
         if self.sharded:
             blocks = state.backbone.shard()
             logger.info("FSDP2: the model is sharded over %d processes by %d blocks", acc.num_processes, blocks)
-        if self.compile_policy:
+        if self.core.train.compile:  # after sharding: the blocks' all-gathers run around the compiled graphs
             state.backbone.compile()
             logger.info("train.compile: the first rollout, update and evaluation compile the model (a minute or "
                         "more on a CPU); later ones run compiled")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 
 from gyremedia import hookimpl
 from gyremedia.config import load_config, resolve_config
@@ -58,7 +59,8 @@ def main(config_path: str, out_dir: str, *overrides: str) -> None:
     uneven = {"shared": torch.tensor([float(rank), float("nan")]), f"rank{rank}_only": torch.tensor([rank + 1.0])}
     record = {"num_processes": state.accelerator.num_processes, "steps": recorder.steps,
               "forward_rows": recorder.forward_rows, "weights": torch.cat(weights).tolist() if weights else [],
-              "uneven_means": global_nanmeans(state.accelerator, uneven)}
+              "uneven_means": global_nanmeans(state.accelerator, uneven),
+              "compiled_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(record))
     # leave the process group together, as `gyremedia train` does: a rank exiting inside it can abort
     state.accelerator.wait_for_everyone()

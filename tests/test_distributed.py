@@ -132,6 +132,25 @@ def test_a_compiled_policy_on_two_processes_trains_as_ddp(single_and_ddp, tiny_y
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("overrides", [
+    ("regularizers=[{name: gaussian_kl, weight: 0.1}]",),
+    ("sampler.name=ode", "objective={name: nft, old_policy_decay: 0.5}", "train.num_minibatches=2",
+     "backbone.lora.enabled=true"),
+], ids=["kl-reference", "nft-old-policy-lora"])
+def test_a_compiled_sharded_policy_trains_as_the_eager_sharded_one(tiny_yaml, tmp_path, overrides):
+    """train.compile under FSDP2: the sharded network (and the KL's sharded reference copy) compiled in place,
+    the blocks' all-gathers around the graphs, NFT's old weights copied into the shards: no graph breaks, and
+    the weights follow the eager sharded run's up to the compiled kernels' rounding (4e-6 here)."""
+    sharded = ("train.sharding=fsdp2", "export.on_train_end=true", *overrides)
+    eager = run_worker(tiny_yaml, tmp_path / "eager", 2, sharded)
+    compiled = run_worker(tiny_yaml, tmp_path / "compiled", 2, (*sharded, "train.compile=true"))
+    assert [(r["compiled_graphs"] > 0, r["graph_breaks"]) for r in compiled] == [(True, 0), (True, 0)]
+    assert [r["compiled_graphs"] for r in eager] == [0, 0]
+    torch.testing.assert_close(torch.tensor(compiled[0]["weights"]), torch.tensor(eager[0]["weights"]),
+                               rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_fsdp2_trains_nft_with_an_old_policy_as_ddp_does(tiny_yaml, tmp_path):
     """The EMA old policy NFT compares with is swapped into the shards in place (FSDP gathers from the
     shards' own storage) and checkpointed whole: sharded and replicated runs end with the same weights."""
