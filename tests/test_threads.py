@@ -43,4 +43,3 @@ def test_an_exception_reaches_the_future():
         raise ValueError("bad input")
     with pytest.raises(ValueError, match="bad input"):
         in_own_thread(failing).result(timeout=5)
-
