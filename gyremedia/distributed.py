@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 
 import torch
 
@@ -20,10 +21,28 @@ def gather_by_sample(accelerator, sample_ids: torch.Tensor, *tensors: torch.Tens
     return (*gathered, ids[order])
 
 
-def mean_over_ranks(accelerator, value: torch.Tensor | float) -> float:
-    """Mean of a per-rank scalar over the ranks."""
-    tensor = torch.as_tensor(value, dtype=torch.float32, device=accelerator.device).reshape(1)
-    return accelerator.gather(tensor.detach()).mean().item()
+def means_over_ranks(accelerator, values: dict[str, float]) -> dict[str, float]:
+    """Each per-rank scalar's mean over the ranks (in float32), in one collective; every rank holds the same keys."""
+    if accelerator.num_processes == 1:
+        return dict(zip(values, torch.tensor(list(values.values()), dtype=torch.float32).tolist()))
+    local = torch.tensor(list(values.values()), dtype=torch.float32, device=accelerator.device)
+    return dict(zip(values, accelerator.gather(local).reshape(-1, len(values)).mean(dim=0).tolist()))
+
+
+def host_floats(values: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """Scalars as Python floats, each device's tensors read in one copy: every ``float()`` of an accelerator's
+    tensor makes the host wait until the accelerator has computed everything queued before it."""
+    floats, tensors = {}, defaultdict(dict)
+    for key, value in values.items():
+        if isinstance(value, torch.Tensor):
+            if hasattr(value, "full_tensor"):  # a sharded model's DTensor (the gradient norm under FSDP2)
+                value = value.full_tensor()
+            tensors[value.device][key] = value.float().reshape(())
+        else:
+            floats[key] = float(value)
+    for on_device in tensors.values():
+        floats.update(zip(on_device, torch.stack(list(on_device.values())).tolist()))
+    return {key: floats[key] for key in values}
 
 
 def global_nanmeans(accelerator, values: dict[str, torch.Tensor]) -> dict[str, float]:

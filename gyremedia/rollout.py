@@ -84,13 +84,15 @@ class Rollout:
         """A new Rollout with the samples at ``index``; non-batch fields are shared."""
         if isinstance(index, slice):
             positions = list(range(len(self)))[index]
-        else:
-            positions = [int(i) for i in index]
-        idx = torch.tensor(positions, dtype=torch.long)
+        else:  # a tensor's in one read of its device, not one per element
+            positions = index.tolist() if isinstance(index, torch.Tensor) else [int(i) for i in index]
+        indices = {index.device: index} if isinstance(index, torch.Tensor) else {}  # one copy per device
 
         def take(value: Any) -> Any:
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == len(self):
-                return value[idx.to(value.device)]
+                if value.device not in indices:
+                    indices[value.device] = torch.tensor(positions, dtype=torch.long, device=value.device)
+                return value[indices[value.device]]
             if isinstance(value, dict):
                 return {k: take(v) for k, v in value.items()}
             if isinstance(value, Media):

@@ -30,7 +30,7 @@ from gyremedia.advantages import PromptStatTracker, distributed_group_advantages
 from gyremedia.candidates import contrastive_subset
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
-from gyremedia.distributed import average_gradients, global_nanmeans, mean_over_ranks
+from gyremedia.distributed import average_gradients, global_nanmeans, host_floats, means_over_ranks
 from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext, RolloutRequest
 from gyremedia.plugins import PluginManager, call_each
 from gyremedia.media_io import plot_metrics, plot_pareto_front
@@ -381,7 +381,7 @@ class Trainer:
         chosen = contrastive_subset(totals.reshape(groups, r.candidates), r.group_size)
         request.noise_ids = pool.noise_ids.reshape(groups, r.candidates).gather(1, chosen).flatten()
         request.noise_stream = Stream.CANDIDATES
-        return mean_over_ranks(self.accelerator, float(totals.nanmean()))
+        return means_over_ranks(self.accelerator, {"reward": float(totals.nanmean())})["reward"]
 
     def start_scoring(self, rollout: Rollout) -> dict[str, Any]:
         """Decode the rollout and hand its media to the rewards' worker threads; returns at once."""
@@ -457,7 +457,7 @@ class Trainer:
             batch = rollout.select(slice(begin, begin + size))
             reduce_here = KeptForwards.KEY in batch.extras and acc.num_processes > 1  # their backward syncs nothing
             micro_steps = state.objective.micro_steps(batch, step)
-            not_finite: set[str] = set()
+            summed: dict[str, torch.Tensor | float] = {}  # each term's sum over the micro-steps, where it was computed
             for k, micro in enumerate(micro_steps):
                 last = k == len(micro_steps) - 1
                 # sharded gradients are reduce-scattered every micro-step (skipping it would keep whole ones)
@@ -479,19 +479,24 @@ class Trainer:
                             terms[f"{selected.name}/{key}"] = value.detach()
                     terms["loss"] = loss.detach()
                     acc.backward(loss / len(micro_steps))
-                for key, value in terms.items():
-                    value = float(value)
-                    if not math.isfinite(value):
-                        not_finite.add(key)
-                    sums[key] = sums.get(key, 0.0) + value
+                for key, value in terms.items():  # in float32 on the device (bf16 terms would lose digits)
+                    summed[key] = summed.get(key, 0.0) + (value.detach().float() if isinstance(value, torch.Tensor)
+                                                          else value)
                 count += 1
             if reduce_here:
                 average_gradients(acc, self._params)
-            grad_norm = float(acc.clip_grad_norm_(self._params, train.max_grad_norm))
+            summed["grad_norm"] = acc.clip_grad_norm_(self._params, train.max_grad_norm)
+            # The one read of the device per optimizer step (a float() per term and micro-step would make the host
+            # wait for the accelerator each time). A sum is not finite when one of its micro-steps' values is not.
+            values = host_floats(summed)
+            grad_norm = values.pop("grad_norm")
+            not_finite = {key for key, value in values.items() if not math.isfinite(value)}
             if not math.isfinite(grad_norm):
                 not_finite.add("grad_norm")
+            for key, value in values.items():
+                sums[key] = sums.get(key, 0.0) + value
             # Every rank takes the same decision (a NaN on one rank reaches the others' gradients anyway).
-            if mean_over_ranks(acc, float(bool(not_finite))) > 0:
+            if means_over_ranks(acc, {"not_finite": float(bool(not_finite))})["not_finite"] > 0:
                 if train.on_nonfinite == "stop":
                     raise NonFiniteLoss(step + 1, sorted(not_finite) or ["(on another process)"],
                                         self._last_save[0] if self._last_save else None)
@@ -505,7 +510,7 @@ class Trainer:
             state.optimizer.zero_grad(set_to_none=True)
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm * len(micro_steps)
         KeptForwards.discard(rollout)  # a single minibatch, or one that did not replay what was kept
-        metrics = {key: mean_over_ranks(acc, total / count) for key, total in sums.items()}
+        metrics = means_over_ranks(acc, {key: total / count for key, total in sums.items()})
         metrics["lr"] = state.lr_scheduler.get_last_lr()[0]
         if train.on_nonfinite == "skip":
             self._nonfinite_skipped += skipped

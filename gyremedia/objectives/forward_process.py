@@ -174,20 +174,21 @@ class ForwardProcessObjective:
         self.options = options
         self.seed = context.seed
         self.old = OldPolicy(options.old_policy_decay)
-        self._levels: tuple[int, np.ndarray] | None = None
+        self._levels: tuple[int, list[int], np.ndarray] | None = None  # this minibatch's step, noise keys, levels
 
     def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
         """One micro-step per re-noised level; each sample's levels are stratified over [t_min, t_max]."""
         o = self.options
-        self._levels = (step, stratified_levels(self.seed, step, o.timesteps, self._keys(rollout), o.t_min, o.t_max))
+        keys = self._keys(rollout)
+        self._levels = (step, keys, stratified_levels(self.seed, step, o.timesteps, keys, o.t_min, o.t_max))
         return list(range(o.timesteps))
 
     def predictions(self, ctx, rollout: Rollout, micro_step: int) -> tuple[NoisedBatch, torch.Tensor, torch.Tensor]:
         """The re-noised batch of this micro-step, the policy's velocity on it and the old policy's."""
         if rollout.advantages is None:
             raise ValueError(f"{self.name} needs a rollout with advantages")
-        step, levels = self._levels
-        batch = noised_batch(rollout, levels[micro_step], self.seed, step, micro_step, self._keys(rollout))
+        step, keys, levels = self._levels
+        batch = noised_batch(rollout, levels[micro_step], self.seed, step, micro_step, keys)
         v = ctx.backbone.flow_velocity(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
         if self.old_is_current(ctx):
             return batch, v, v.detach()

@@ -91,7 +91,8 @@ class GRPOObjective:
         """The stochastic transitions (a sampler may record deterministic steps with NaN log-probs)."""
         if rollout.log_probs is None:
             raise ValueError("grpo needs a rollout with log-probs: use a stochastic sampler")
-        stochastic = [i for i in range(rollout.num_transitions) if torch.isfinite(rollout.log_probs[:, i]).all()]
+        finite = torch.isfinite(rollout.log_probs).all(dim=0).tolist()  # one read of the device, not one per transition
+        stochastic = [i for i, is_finite in enumerate(finite) if is_finite]
         if not stochastic:
             raise ValueError("grpo found no stochastic transition in the rollout to train on")
         return stochastic
@@ -110,10 +111,11 @@ class GRPOObjective:
         """``rows`` (``None``: all) and their ``advantages`` without the zero-advantage ones when
         ``skip_zero_advantage`` is set. If every advantage is 0 all rows stay: the policy loss is then exactly
         0 and every process still runs the same forward and backward."""
-        nonzero = advantages != 0
-        if not self.options.skip_zero_advantage or nonzero.all() or not nonzero.any():
+        if not self.options.skip_zero_advantage:
             return rows, advantages
-        kept = nonzero.nonzero().flatten()
+        kept = (advantages != 0).nonzero().flatten()  # the one read of the device this needs
+        if len(kept) in (0, len(advantages)):
+            return rows, advantages
         return (kept if rows is None else rows.to(kept.device)[kept]), advantages[kept]
 
     def replay(self, ctx: ObjectiveContext, rollout: Rollout, index: int,

@@ -31,16 +31,21 @@ class PairwiseOptions(ForwardProcessOptions):
 
 
 def preference_pairs(advantages: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices of the best and the worst sample of every group with a preference (ties skipped)."""
-    winners, losers = [], []
-    for group in group_ids.unique():
-        members = (group_ids == group).nonzero().flatten()
-        scores = advantages[members]
-        if scores.max() > scores.min():
-            winners.append(members[scores.argmax()])
-            losers.append(members[scores.argmin()])
-    empty = torch.zeros(0, dtype=torch.long)
-    return (torch.stack(winners) if winners else empty), (torch.stack(losers) if losers else empty)
+    """Indices of the best and the worst sample of every group with a preference, in group order (ties skipped;
+    of equally best or worst samples, the first). Whole-batch tensor ops: two reads of the device in all."""
+    groups, inverse = group_ids.unique(return_inverse=True)
+    size = len(advantages)
+    positions = torch.arange(size, device=advantages.device)
+
+    def first_extreme(reduce: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each group's extreme advantage and its first sample having it."""
+        extreme = advantages.new_zeros(len(groups)).scatter_reduce(0, inverse, advantages, reduce, include_self=False)
+        candidates = torch.where(advantages == extreme[inverse], positions, size)
+        return extreme, positions.new_full((len(groups),), size).scatter_reduce(0, inverse, candidates, "amin")
+
+    (best, winners), (worst, losers) = first_extreme("amax"), first_extreme("amin")
+    preferred = (best > worst).nonzero().flatten()
+    return winners[preferred], losers[preferred]
 
 
 def pairwise_loss(log_p: torch.Tensor, log_p_old: torch.Tensor, winners: torch.Tensor, losers: torch.Tensor,
@@ -56,10 +61,17 @@ class PairwiseObjective(ForwardProcessObjective):
     name = "pairwise"
     default_weighting = "uniform"
 
+    def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
+        """The forward process's micro-steps; the minibatch's pairs are found once for all of them."""
+        if rollout.advantages is None:
+            raise ValueError(f"{self.name} needs a rollout with advantages")
+        self._pairs = preference_pairs(rollout.advantages, rollout.group_ids.to(rollout.advantages.device))
+        return super().micro_steps(rollout, step)
+
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         batch, v, v_old = self.predictions(ctx, rollout, micro_step)
         log_p, log_p_old = self.elbo_log_p(ctx, v, batch), self.elbo_log_p(ctx, v_old, batch)
-        winners, losers = preference_pairs(rollout.advantages, rollout.group_ids.to(rollout.advantages.device))
+        winners, losers = self._pairs
         if len(winners):
             policy_loss = pairwise_loss(log_p, log_p_old, winners, losers, self.options.beta).mean()
         else:
