@@ -5,8 +5,9 @@ SD3.5-Medium-sized random-weight transformer, in bf16 with LoRA, on one CUDA dev
 
 Prints one JSON line: per run, the first on-policy update's mean importance ratio (exactly 1.0 when replay
 reproduces the rollout) and approximate KL (exactly 0), steps per second (rollout, reward and update, over
-the steps after the first, which pays for warm-up), peak GPU memory and the transformer's size; also the
-device, torch and CUDA versions. The runs: the quickstart recipe in fp32 and under bf16 autocast, then
+the steps after the first, which pays for warm-up), peak GPU memory, the transformer's size, and the host's
+waits on the GPU inside the training steps (torch's sync debug mode: synchronising calls per step and the five
+lines that make most of them); also the device, torch and CUDA versions. The runs: the quickstart recipe in fp32 and under bf16 autocast, then
 flow_matching / flux / flux2 / wan / qwen_image tiny replicas and the 2.2 B-parameter SD3.5-Medium-shaped
 transformer (24 joint blocks of 24 x 64 heads, 512 px) under `train.mixed_precision=bf16` with LoRA, eager and
 with `train.compile` (its steps per second against the eager run's are the compiler's gain on a GPU). Takes a
@@ -20,6 +21,8 @@ import argparse
 import json
 import sys
 import tempfile
+import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -53,13 +56,32 @@ RUNS["sd35_medium_shape_compiled"] = [*RUNS["sd35_medium_shape"], "train.compile
 LARGE = {"sd35_medium_shape", "sd35_medium_shape_compiled"}
 
 
+def count_syncs(trainer: Trainer, sites: Counter) -> None:
+    """Count, per source line, the CUDA calls inside ``trainer.train_step`` that make the host wait for the GPU
+    (``torch.cuda.set_sync_debug_mode("warn")`` warns at each; a warning names the Python line that called)."""
+    train_step = trainer.train_step
+
+    def counted(step: int) -> dict[str, float]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return train_step(step)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                sites.update(f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+
+    trainer.train_step = counted
+
+
 def run(name: str, overrides: list[str], steps: int, root: Path) -> dict[str, float]:
     """Train the quickstart's Flow-GRPO recipe with ``overrides`` for ``steps`` steps; its figures."""
     pm = PluginManager()
     config = resolve_config(load_config(bundled_config("quickstart_grpo.yaml"),
                                         [f"run.output_dir={root / name}", f"train.steps={steps}", *COMMON, *overrides]), pm)
     torch.cuda.reset_peak_memory_stats()
-    trainer = Trainer(config, pm)
+    trainer, sites = Trainer(config, pm), Counter()
+    count_syncs(trainer, sites)
     state = trainer.train()
     torch.cuda.synchronize()
     lines = [json.loads(line) for line in (root / name / "metrics.jsonl").read_text().splitlines()]
@@ -68,7 +90,8 @@ def run(name: str, overrides: list[str], steps: int, root: Path) -> dict[str, fl
     seconds = [m["time/rollout"] + m["time/reward"] + m["time/train"] for m in later]
     return {"ratio_first_step": steps_seen[0]["ratio"], "approx_kl_first_step": steps_seen[0]["approx_kl"],
             "steps_per_s": len(seconds) / sum(seconds), "peak_memory_mb": torch.cuda.max_memory_allocated() / 2**20,
-            "transformer_parameters": sum(p.numel() for p in state.backbone.transformer.parameters())}
+            "transformer_parameters": sum(p.numel() for p in state.backbone.transformer.parameters()),
+            "host_syncs_per_step": sum(sites.values()) / len(steps_seen), "most_syncs": dict(sites.most_common(5))}
 
 
 def main() -> int:
