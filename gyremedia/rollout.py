@@ -90,6 +90,8 @@ class Rollout:
 
         def take(value: Any) -> Any:
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == len(self):
+                if isinstance(index, slice):  # a view: no index to copy to the device
+                    return value[index]
                 if value.device not in indices:
                     indices[value.device] = torch.tensor(positions, dtype=torch.long, device=value.device)
                 return value[indices[value.device]]

@@ -28,11 +28,14 @@ def renoise(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor | float) -> t
     return (1 - t) * x0 + t * noise
 
 
+def draw_noise(shape: torch.Size, generators: list[torch.Generator]) -> torch.Tensor:
+    """Standard normal noise ``[len(generators), *shape]`` on the CPU, one row drawn from each generator (fp32)."""
+    return torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in generators])
+
+
 def noise_like(x: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-    """Standard normal noise shaped like ``x``, one row drawn from each generator (in fp32)."""
-    shape = x.shape[1:]
-    noise = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in generators])
-    return noise.to(device=x.device, dtype=x.dtype)
+    """Standard normal noise shaped like ``x``, one row drawn from each generator (in fp32), on ``x``'s device."""
+    return draw_noise(x.shape[1:], generators).to(device=x.device, dtype=x.dtype)
 
 
 def stochastic_steps(sampler: Sampler, sigmas: torch.Tensor) -> list[int]:

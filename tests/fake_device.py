@@ -7,12 +7,17 @@ mixes them with a CPU tensor of one or more dimensions (CPU scalars and CPU inde
 as on CUDA). So code that writes ``torch.zeros(n)`` where it should write ``torch.zeros(n, device=x.device)``
 fails here the way it would fail on a GPU.
 
+``FakeDevice.syncs`` counts, by op, what would make the host wait for a CUDA device: reading a value
+(``.item()``, ``float()``, ``bool()``, ``.tolist()``), a copy between it and the CPU, and ops whose output size
+depends on the data (``nonzero``, ``unique``, boolean-mask indexing...).
+
 What it cannot see: kernels that exist only on the real device, dtype support, numerics, speed, and
 operations outside PyTorch (numpy on a device tensor fails here only if the code calls ``.numpy()``).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
@@ -30,6 +35,32 @@ class DeviceMismatch(RuntimeError):
 #: Ops a CUDA tensor accepts CPU tensors in (index tensors are moved by the kernel).
 _CPU_ARGS_ALLOWED = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default,
                      torch.ops.aten._index_put_impl_.default}
+
+
+#: Ops that make the host wait for a CUDA device: a value read back, or an output whose size depends on the data.
+_SYNCING = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default, torch.ops.aten._unique2.default,
+            torch.ops.aten.unique_dim.default, torch.ops.aten.unique_consecutive.default,
+            torch.ops.aten.masked_select.default, torch.ops.aten.equal.default, torch.ops.aten.is_nonzero.default}
+#: The counter of the innermost active :class:`FakeDevice`.
+_syncs: list[Counter] = []
+
+
+def _count_sync(func, args: tuple, device: Any) -> None:
+    """Count ``func`` (called with ``args`` and a ``device`` keyword) in the active counter if it would make
+    the host wait for a CUDA device."""
+    if not _syncs:
+        return
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if func is torch.ops.aten._to_copy.default:  # .to() / .cpu(): a copy when it names the other side's device
+        syncs = device is not None and isinstance(args[0], OnDevice) != _is_fake(device)
+    elif func is torch.ops.aten.copy_.default:  # dst.copy_(src) across the two
+        syncs = isinstance(args[0], OnDevice) != isinstance(args[1], OnDevice)
+    elif func is torch.ops.aten.index.Tensor:  # x[mask] finds the mask's True entries first
+        syncs = isinstance(args[0], OnDevice) and any(i is not None and i.dtype == torch.bool for i in args[1])
+    else:
+        syncs = func in _SYNCING and any(isinstance(t, OnDevice) for t in tensors)
+    if syncs:
+        _syncs[-1][str(func)] += 1
 
 
 def _is_fake(device: Any) -> bool:
@@ -66,6 +97,7 @@ def _run(func, args: tuple, kwargs: dict) -> Any:
         raise DeviceMismatch(f"{func}: tensors on {DEVICE} (the accelerator) and on "
                              f"{sorted({t.device.type for t in elsewhere})}, shapes {[tuple(t.shape) for t in elsewhere]}")
     device = kwargs.get("device")
+    _count_sync(func, args, device)
     if device is not None:
         kwargs = {**kwargs, "device": torch.device("cpu")}
 
@@ -86,8 +118,12 @@ class _PlaceDataOnDevice(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in (torch.tensor, torch.as_tensor, torch.asarray) and _is_fake(kwargs.get("device")):
+            if _syncs:  # built on the CPU, then copied over
+                _syncs[-1][f"torch.{func.__name__}"] += 1
             return OnDevice(func(*args, **{**kwargs, "device": "cpu"}))
         if func is torch.Tensor.tolist and isinstance(args[0], OnDevice):  # CUDA tensors copy to a list too
+            if _syncs:
+                _syncs[-1]["tolist"] += 1
             return args[0].elem.tolist()
         return func(*args, **kwargs)
 
@@ -100,7 +136,11 @@ class _PlaceOps(TorchDispatchMode):
 class FakeDevice:
     """Within the block, ``meta`` behaves as an accelerator device backed by CPU memory (see the module docstring)."""
 
+    def __init__(self) -> None:
+        self.syncs: Counter = Counter()
+
     def __enter__(self) -> FakeDevice:
+        _syncs.append(self.syncs)
         self._modes = [_PlaceOps(), _PlaceDataOnDevice()]
         for mode in self._modes:
             mode.__enter__()
@@ -109,3 +149,4 @@ class FakeDevice:
     def __exit__(self, *exc: Any) -> None:
         for mode in reversed(self._modes):
             mode.__exit__(*exc)
+        _syncs.remove(self.syncs)

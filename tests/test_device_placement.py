@@ -8,6 +8,8 @@ optimizer, evaluation, monitor and checkpoints.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from accelerate import Accelerator
@@ -86,6 +88,37 @@ def test_a_run_on_an_accelerator_keeps_every_tensor_there(make_config, second_jp
         state = Trainer(config, second_jpeg_reward, accelerator=FakeDeviceAccelerator(cpu=True)).train()
     assert isinstance(next(state.backbone.trainable_module().parameters()), OnDevice)
     assert state.last_metrics["step"] == 2 and torch.isfinite(torch.tensor(state.last_metrics["loss"]))
+
+
+def waits_per_update(config) -> list[Counter]:
+    """What each of two steps' updates would make the host wait for on a CUDA device, by op."""
+    trainer = Trainer(config, PluginManager(), accelerator=FakeDeviceAccelerator(cpu=True))
+    waits = []
+    with FakeDevice() as device:
+        trainer.setup()
+        for step in range(2):
+            rollout = trainer.collect_rollout(step)
+            trainer.score(rollout, step)
+            trainer.compute_advantages(rollout, step)
+            device.syncs.clear()
+            trainer.optimize(rollout, step)
+            waits.append(Counter(device.syncs))
+    return waits
+
+
+@pytest.mark.parametrize("few,many", [
+    ("{name: grpo, timestep_fraction: 0.5}", "{name: grpo, timestep_fraction: 1.0}"),
+    ("{name: nft, timesteps: 1}", "{name: nft, timesteps: 4}"),
+    ("{name: pairwise, timesteps: 1}", "{name: pairwise, timesteps: 4}")], ids=["grpo", "nft", "pairwise"])
+def test_an_update_waits_for_the_accelerator_a_fixed_number_of_times_however_many_micro_steps(make_config, few, many):
+    """A value read back (float(), .item(), bool()), a copy between host and device, or an output sized by the
+    data makes the host wait until the accelerator has run all that is queued, so it cannot queue the next
+    kernels meanwhile. The loss terms and the gradient norm are read once per optimizer step, together, and the
+    forward-process objectives copy all their micro-steps' noise at once: more micro-steps add no wait."""
+    sampler = "flow_sde" if "grpo" in few else "ode"  # the forward-process objectives re-noise any sample
+    few_waits = waits_per_update(make_config(f"objective={few}", f"sampler.name={sampler}", "rollout.num_steps=4"))
+    many_waits = waits_per_update(make_config(f"objective={many}", f"sampler.name={sampler}", "rollout.num_steps=4"))
+    assert few_waits == many_waits and sum(many_waits[0].values()) <= 6, (few_waits, many_waits)
 
 
 def test_the_world_model_trains_on_an_accelerator(tmp_path, plugin_manager):

@@ -163,58 +163,6 @@ def test_reused_rollout_forwards_train_the_same_weights_with_fewer_forwards(make
     assert all(torch.equal(a, b) for a, b in zip(*weights))
 
 
-def host_reads_per_update(config) -> list[int]:
-    """How many times each step's update (outside the optimizer's own step) read a tensor's value on the host."""
-    trainer = Trainer(config, PluginManager())
-    state = trainer.setup()
-    reads, counting = [0], [True]
-    step_optimizer = state.optimizer.step
-
-    def optimizer_step(*args, **kwargs):  # torch's AdamW reads its per-parameter step counters: not ours
-        counting[0] = False
-        try:
-            return step_optimizer(*args, **kwargs)
-        finally:
-            counting[0] = True
-
-    state.optimizer.step = optimizer_step
-    originals = {name: getattr(torch.Tensor, name) for name in ("item", "tolist", "__float__", "__int__", "__bool__")}
-
-    def counted(original):
-        def read(self, *args, **kwargs):
-            reads[0] += counting[0]
-            return original(self, *args, **kwargs)
-        return read
-
-    per_step = []
-    for step in range(2):
-        rollout = trainer.collect_rollout(step)
-        trainer.score(rollout, step)
-        trainer.compute_advantages(rollout, step)
-        reads[0] = 0
-        with pytest.MonkeyPatch.context() as patch:
-            for name, original in originals.items():
-                patch.setattr(torch.Tensor, name, counted(original))
-            trainer.optimize(rollout, step)
-        per_step.append(reads[0])
-    return per_step
-
-
-@pytest.mark.parametrize("objective,few,many", [
-    ("grpo", "{name: grpo, timestep_fraction: 0.5}", "{name: grpo, timestep_fraction: 1.0}"),
-    ("nft", "{name: nft, timesteps: 1}", "{name: nft, timesteps: 4}"),
-    ("pairwise", "{name: pairwise, timesteps: 1}", "{name: pairwise, timesteps: 4}")])
-def test_an_update_reads_the_device_a_fixed_number_of_times_however_many_micro_steps(make_config, objective, few,
-                                                                                      many):
-    """Each read of an accelerator's tensor on the host (float(), .item(), bool()) waits until it has computed all
-    that is queued before it. The loss terms and the gradient norm are read together once per optimizer step, so
-    more micro-steps add no read (on CPU the reads are counted: every tensor here is a CPU one)."""
-    sampler = "flow_sde" if objective == "grpo" else "ode"  # the forward-process objectives re-noise any sample
-    few_reads = host_reads_per_update(make_config(f"objective={few}", f"sampler.name={sampler}", "rollout.num_steps=4"))
-    many_reads = host_reads_per_update(make_config(f"objective={many}", f"sampler.name={sampler}", "rollout.num_steps=4"))
-    assert few_reads == many_reads and max(many_reads) <= 4, (few_reads, many_reads)
-
-
 def test_each_steps_prompts_are_drawn_once(make_config, tmp_path, monkeypatch):
     """The rollout, the prefetch of the next step's prompts and DDPO's per-prompt history read one draw."""
     trainer = Trainer(make_config("train.steps=3", "advantage.history=4", "advantage.min_count=2"), PluginManager())

@@ -20,7 +20,7 @@ from gyremedia import hookimpl
 from gyremedia.interfaces import LossOutput
 from gyremedia.options import OptionError, option
 from gyremedia.rollout import Rollout
-from gyremedia.sampling import noise_like, per_sample, renoise
+from gyremedia.sampling import draw_noise, per_sample, renoise
 from gyremedia.streams import Stream, sample_generators, stream_rng
 
 
@@ -51,13 +51,19 @@ def stratified_levels(seed: int, step: int, micro_steps: int, keys: list[int], l
     return levels
 
 
-def noised_batch(rollout: Rollout, levels: np.ndarray, seed: int, step: int, micro_step: int,
-                 keys: list[int]) -> NoisedBatch:
-    """Re-noise the rollout's final samples at ``levels [B]``, with noise that depends only on
-    ``(seed, step, micro_step, key)`` (the same on any number of processes)."""
-    x0 = rollout.final.float()
-    noise = noise_like(x0, sample_generators(seed, step, (Stream.RENOISE, micro_step), keys))
-    t = torch.as_tensor(levels, dtype=torch.float32, device=x0.device)
+def renoising_draws(x0: torch.Tensor, levels: np.ndarray, seed: int, step: int,
+                    keys: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The levels ``[M, B]`` and noise ``[M, B, ...]`` of a minibatch's ``M`` micro-steps, on ``x0``'s device. The
+    noise of micro-step ``m`` depends only on ``(seed, step, m, key)`` (the same on any number of processes). Drawn
+    on the CPU and copied over once for all micro-steps: each copy to an accelerator makes the host wait for it."""
+    noise = torch.stack([draw_noise(x0.shape[1:], sample_generators(seed, step, (Stream.RENOISE, micro_step), keys))
+                         for micro_step in range(len(levels))])
+    return (torch.as_tensor(levels, dtype=torch.float32, device=x0.device),
+            noise.to(device=x0.device, dtype=x0.dtype))
+
+
+def noised_batch(x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> NoisedBatch:
+    """The clean samples ``x0`` re-noised at levels ``t [B]`` with ``noise``."""
     return NoisedBatch(t=t, x0=x0, noise=noise, xt=renoise(x0, noise, t))
 
 
@@ -174,21 +180,23 @@ class ForwardProcessObjective:
         self.options = options
         self.seed = context.seed
         self.old = OldPolicy(options.old_policy_decay)
-        self._levels: tuple[int, list[int], np.ndarray] | None = None  # this minibatch's step, noise keys, levels
+        self._draws: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # the minibatch's x0, levels, noise
 
     def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
         """One micro-step per re-noised level; each sample's levels are stratified over [t_min, t_max]."""
         o = self.options
         keys = self._keys(rollout)
-        self._levels = (step, keys, stratified_levels(self.seed, step, o.timesteps, keys, o.t_min, o.t_max))
+        levels = stratified_levels(self.seed, step, o.timesteps, keys, o.t_min, o.t_max)
+        x0 = rollout.final.float()
+        self._draws = (x0, *renoising_draws(x0, levels, self.seed, step, keys))
         return list(range(o.timesteps))
 
     def predictions(self, ctx, rollout: Rollout, micro_step: int) -> tuple[NoisedBatch, torch.Tensor, torch.Tensor]:
         """The re-noised batch of this micro-step, the policy's velocity on it and the old policy's."""
         if rollout.advantages is None:
             raise ValueError(f"{self.name} needs a rollout with advantages")
-        step, keys, levels = self._levels
-        batch = noised_batch(rollout, levels[micro_step], self.seed, step, micro_step, keys)
+        x0, levels, noise = self._draws
+        batch = noised_batch(x0, levels[micro_step], noise[micro_step])
         v = ctx.backbone.flow_velocity(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
         if self.old_is_current(ctx):
             return batch, v, v.detach()

@@ -59,6 +59,9 @@ class GRPOObjective:
     def __init__(self, options: GRPOOptions, context: BuildContext) -> None:
         self.options = options
         self.seed = context.seed
+        # flat GRPO's trained rows are the same at every micro-step of a minibatch: the minibatch, rows,
+        # advantages and selected samples, found at its first micro-step (each selection reads the device)
+        self._trained: tuple[Rollout, torch.Tensor | None, torch.Tensor, Rollout] | None = None
 
     def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
         """The transitions trained on this step, shared by the batch: all stochastic ones, or the
@@ -104,7 +107,16 @@ class GRPOObjective:
     def trained_rows(self, rollout: Rollout, micro_step: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The rows whose transition ``micro_step`` is trained (``None``: every sample, as in flat GRPO) and
         their advantages."""
-        return self.informative_rows(None, self.transition_advantages(rollout, micro_step))
+        if self._trained is None or self._trained[0] is not rollout:
+            rows, advantages = self.informative_rows(None, self.transition_advantages(rollout, micro_step))
+            self._trained = (rollout, rows, advantages, rollout if rows is None else rollout.select(rows))
+        return self._trained[1], self._trained[2]
+
+    def trained_samples(self, rollout: Rollout, rows: torch.Tensor | None) -> Rollout:
+        """``rollout``'s samples at ``rows`` (``None``: all); the ones :meth:`trained_rows` selected, when it did."""
+        if self._trained is not None and self._trained[0] is rollout and self._trained[1] is rows:
+            return self._trained[3]
+        return rollout if rows is None else rollout.select(rows)
 
     def informative_rows(self, rows: torch.Tensor | None,
                          advantages: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -121,7 +133,7 @@ class GRPOObjective:
     def replay(self, ctx: ObjectiveContext, rollout: Rollout, index: int,
                rows: torch.Tensor | None) -> tuple[Transition, torch.Tensor]:
         """Transition ``index`` of the trained rows under the current policy, and the model output it used."""
-        return replay_transition(ctx, rollout if rows is None else rollout.select(rows), index)
+        return replay_transition(ctx, self.trained_samples(rollout, rows), index)
 
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         if rollout.log_probs is None or rollout.advantages is None:
@@ -129,7 +141,7 @@ class GRPOObjective:
         eps = self.options.clip_range
         rows, advantages = self.trained_rows(rollout, micro_step)
         transition, output = self.replay(ctx, rollout, micro_step, rows)
-        rollout = rollout if rows is None else rollout.select(rows)
+        rollout = self.trained_samples(rollout, rows)
         advantages = advantages.clamp(-self.options.adv_clip_max, self.options.adv_clip_max)
         log_ratio = transition.log_prob - rollout.log_probs[:, micro_step]
         per_sample, ratio = clipped_ratio_loss(log_ratio, advantages, eps, eps)

@@ -151,8 +151,8 @@ def test_vgrpo_shares_noise_within_groups_and_is_on_policy(make_config):
     assert state.last_metrics["ratio"] == 1.0
     objective, rollout = state.objective, state.rollout
     objective.micro_steps(rollout, 0)
-    step, keys, levels = objective._levels
-    batch = noised_batch(rollout, levels[1], objective.seed, step, 1, keys)
+    x0, levels, noise = objective._draws
+    batch = noised_batch(x0, levels[1], noise[1])
     for group in rollout.group_ids.unique():
         members = (rollout.group_ids == group).nonzero().flatten()
         assert len(members) == 4 and (batch.t[members] == batch.t[members[0]]).all()
