@@ -6,13 +6,13 @@ SD3.5-Medium-sized random-weight transformer, in bf16 with LoRA, on one CUDA dev
 Prints one JSON line: per run, the first on-policy update's mean importance ratio (exactly 1.0 when replay
 reproduces the rollout) and approximate KL (exactly 0), steps per second (rollout, reward and update, over
 the steps after the first, which pays for warm-up), peak GPU memory, the transformer's size, and the host's
-waits on the GPU inside the training steps (torch's sync debug mode: synchronising calls per step and the five
-lines that make most of them); also the device, torch and CUDA versions. The runs: the quickstart recipe in fp32 and under bf16 autocast, then
-flow_matching / flux / flux2 / wan / qwen_image tiny replicas and the 2.2 B-parameter SD3.5-Medium-shaped
-transformer (24 joint blocks of 24 x 64 heads, 512 px) under `train.mixed_precision=bf16` with LoRA, eager and
-with `train.compile` (its steps per second against the eager run's are the compiler's gain on a GPU). Takes a
-few minutes on a current GPU; it refuses to run without CUDA, since on a CPU it would measure nothing this
-script is for (tests/test_device_placement.py covers device placement there).
+waits for the GPU in those steps (torch's sync debug mode: synchronising calls per step, and the five lines
+that make most of them); also the device, torch and CUDA versions. The runs: the quickstart recipe in fp32 and
+under bf16 autocast, then flow_matching / flux / flux2 / wan / qwen_image tiny replicas and the 2.2 B-parameter
+SD3.5-Medium-shaped transformer (24 joint blocks of 24 x 64 heads, 512 px) under `train.mixed_precision=bf16`
+with LoRA, eager and with `train.compile` (its steps per second against the eager run's are the compiler's gain
+on a GPU). Takes a few minutes on a current GPU; it refuses to run without CUDA, since on a CPU it would measure
+nothing this script is for (tests/test_device_placement.py covers device placement there).
 """
 
 from __future__ import annotations
@@ -56,9 +56,11 @@ RUNS["sd35_medium_shape_compiled"] = [*RUNS["sd35_medium_shape"], "train.compile
 LARGE = {"sd35_medium_shape", "sd35_medium_shape_compiled"}
 
 
-def count_syncs(trainer: Trainer, sites: Counter) -> None:
-    """Count, per source line, the CUDA calls inside ``trainer.train_step`` that make the host wait for the GPU
-    (``torch.cuda.set_sync_debug_mode("warn")`` warns at each; a warning names the Python line that called)."""
+def count_syncs(trainer: Trainer) -> list[Counter]:
+    """Per training step, the CUDA calls that made the host wait for the GPU, by the Python line that called them
+    (``torch.cuda.set_sync_debug_mode("warn")`` warns at each); the list fills as ``trainer`` trains. Other warnings
+    are shown as usual."""
+    per_step: list[Counter] = []
     train_step = trainer.train_step
 
     def counted(step: int) -> dict[str, float]:
@@ -66,12 +68,20 @@ def count_syncs(trainer: Trainer, sites: Counter) -> None:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                return train_step(step)
+                metrics = train_step(step)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-                sites.update(f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+        sites = Counter()
+        for w in caught:
+            if "synchroniz" in str(w.message):
+                sites["/".join(Path(w.filename).parts[-2:]) + f":{w.lineno}"] += 1
+            else:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        per_step.append(sites)
+        return metrics
 
     trainer.train_step = counted
+    return per_step
 
 
 def run(name: str, overrides: list[str], steps: int, root: Path) -> dict[str, float]:
@@ -80,18 +90,20 @@ def run(name: str, overrides: list[str], steps: int, root: Path) -> dict[str, fl
     config = resolve_config(load_config(bundled_config("quickstart_grpo.yaml"),
                                         [f"run.output_dir={root / name}", f"train.steps={steps}", *COMMON, *overrides]), pm)
     torch.cuda.reset_peak_memory_stats()
-    trainer, sites = Trainer(config, pm), Counter()
-    count_syncs(trainer, sites)
+    trainer = Trainer(config, pm)
+    syncs = count_syncs(trainer)
     state = trainer.train()
     torch.cuda.synchronize()
     lines = [json.loads(line) for line in (root / name / "metrics.jsonl").read_text().splitlines()]
     steps_seen = [m for m in lines if "time/train" in m]
     later = steps_seen[1:] or steps_seen  # the first step pays for warm-up
     seconds = [m["time/rollout"] + m["time/reward"] + m["time/train"] for m in later]
+    later_syncs = syncs[1:] or syncs
     return {"ratio_first_step": steps_seen[0]["ratio"], "approx_kl_first_step": steps_seen[0]["approx_kl"],
             "steps_per_s": len(seconds) / sum(seconds), "peak_memory_mb": torch.cuda.max_memory_allocated() / 2**20,
             "transformer_parameters": sum(p.numel() for p in state.backbone.transformer.parameters()),
-            "host_syncs_per_step": sum(sites.values()) / len(steps_seen), "most_syncs": dict(sites.most_common(5))}
+            "host_syncs_per_step": sum(sum(c.values()) for c in later_syncs) / len(later_syncs),
+            "most_syncs": dict(sum(later_syncs, Counter()).most_common(5))}
 
 
 def main() -> int:

@@ -22,16 +22,22 @@ def gather_by_sample(accelerator, sample_ids: torch.Tensor, *tensors: torch.Tens
 
 
 def means_over_ranks(accelerator, values: dict[str, float]) -> dict[str, float]:
-    """Each per-rank scalar's mean over the ranks (in float32), in one collective; every rank holds the same keys."""
-    if accelerator.num_processes == 1:
-        return dict(zip(values, torch.tensor(list(values.values()), dtype=torch.float32).tolist()))
-    local = torch.tensor(list(values.values()), dtype=torch.float32, device=accelerator.device)
-    return dict(zip(values, accelerator.gather(local).reshape(-1, len(values)).mean(dim=0).tolist()))
+    """Each per-rank scalar's mean over the ranks (in float32), in one collective. Every rank must pass the same
+    keys (in any order)."""
+    keys = sorted(values)
+    if accelerator.num_processes == 1 or not keys:
+        means = torch.tensor([values[k] for k in keys], dtype=torch.float32).tolist()
+    else:
+        local = torch.tensor([values[k] for k in keys], dtype=torch.float32, device=accelerator.device)
+        means = accelerator.gather(local).reshape(-1, len(keys)).mean(dim=0).tolist()
+    by_key = dict(zip(keys, means))
+    return {key: by_key[key] for key in values}
 
 
 def host_floats(values: dict[str, torch.Tensor | float]) -> dict[str, float]:
     """Scalars as Python floats, each device's tensors read in one copy: every ``float()`` of an accelerator's
-    tensor makes the host wait until the accelerator has computed everything queued before it."""
+    tensor makes the host wait until the accelerator has computed everything queued before it. A sharded
+    (DTensor) value is gathered first, a collective: then every rank must make the same call."""
     floats, tensors = {}, defaultdict(dict)
     for key, value in values.items():
         if isinstance(value, torch.Tensor):

@@ -81,10 +81,13 @@ class Rollout:
         return self.states[:, -1]
 
     def select(self, index: torch.Tensor | list[int] | slice) -> Rollout:
-        """A new Rollout with the samples at ``index``; non-batch fields are shared."""
+        """A new Rollout with the samples at ``index`` (a slice gives views: not to be modified in place);
+        non-batch fields are shared."""
+        if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
+            raise TypeError("Rollout.select takes sample positions, not a mask: pass mask.nonzero().flatten()")
         if isinstance(index, slice):
             positions = list(range(len(self)))[index]
-        else:  # a tensor's in one read of its device, not one per element
+        else:  # a tensor index is read in one copy, not element by element (each would wait for its device)
             positions = index.tolist() if isinstance(index, torch.Tensor) else [int(i) for i in index]
         indices = {index.device: index} if isinstance(index, torch.Tensor) else {}  # one copy per device
 
@@ -98,7 +101,7 @@ class Rollout:
             if isinstance(value, dict):
                 return {k: take(v) for k, v in value.items()}
             if isinstance(value, Media):
-                return value.select(positions)
+                return value.select(index if isinstance(index, slice) else positions)
             return value
 
         changes = {

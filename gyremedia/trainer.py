@@ -487,7 +487,8 @@ class Trainer:
                 average_gradients(acc, self._params)
             summed["grad_norm"] = acc.clip_grad_norm_(self._params, train.max_grad_norm)
             # The one read of the device per optimizer step (a float() per term and micro-step would make the host
-            # wait for the accelerator each time). A sum is not finite when one of its micro-steps' values is not.
+            # wait for the accelerator each time). A sum is not finite when one of its micro-steps' values is not
+            # (or when finite values overflow float32 together, beyond 3.4e38: a diverged run all the same).
             values = host_floats(summed)
             grad_norm = values.pop("grad_norm")
             not_finite = {key for key, value in values.items() if not math.isfinite(value)}

@@ -38,25 +38,29 @@ _CPU_ARGS_ALLOWED = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.defa
 
 
 #: Ops that make the host wait for a CUDA device: a value read back, or an output whose size depends on the data.
-_SYNCING = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default, torch.ops.aten._unique2.default,
-            torch.ops.aten.unique_dim.default, torch.ops.aten.unique_consecutive.default,
-            torch.ops.aten.masked_select.default, torch.ops.aten.equal.default, torch.ops.aten.is_nonzero.default}
+_SYNCING = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default, torch.ops.aten._unique.default,
+            torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default, torch.ops.aten.unique_consecutive.default,
+            torch.ops.aten.masked_select.default, torch.ops.aten.equal.default, torch.ops.aten.is_nonzero.default,
+            torch.ops.aten.bincount.default}
 #: The counter of the innermost active :class:`FakeDevice`.
 _syncs: list[Counter] = []
 
 
-def _count_sync(func, args: tuple, device: Any) -> None:
-    """Count ``func`` (called with ``args`` and a ``device`` keyword) in the active counter if it would make
-    the host wait for a CUDA device."""
+def _count_sync(func, args: tuple, kwargs: dict) -> None:
+    """Count ``func(*args, **kwargs)`` in the active counter if it would make the host wait for a CUDA device."""
     if not _syncs:
         return
+    device = kwargs.get("device")
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if func is torch.ops.aten._to_copy.default:  # .to() / .cpu(): a copy when it names the other side's device
         syncs = device is not None and isinstance(args[0], OnDevice) != _is_fake(device)
     elif func is torch.ops.aten.copy_.default:  # dst.copy_(src) across the two
         syncs = isinstance(args[0], OnDevice) != isinstance(args[1], OnDevice)
-    elif func is torch.ops.aten.index.Tensor:  # x[mask] finds the mask's True entries first
+    elif func in (torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default):
+        # x[mask] and x[mask] = v find the mask's True entries first
         syncs = isinstance(args[0], OnDevice) and any(i is not None and i.dtype == torch.bool for i in args[1])
+    elif func is torch.ops.aten.repeat_interleave.Tensor:  # the output's size, unless given
+        syncs = isinstance(args[0], OnDevice) and kwargs.get("output_size") is None
     else:
         syncs = func in _SYNCING and any(isinstance(t, OnDevice) for t in tensors)
     if syncs:
@@ -97,7 +101,7 @@ def _run(func, args: tuple, kwargs: dict) -> Any:
         raise DeviceMismatch(f"{func}: tensors on {DEVICE} (the accelerator) and on "
                              f"{sorted({t.device.type for t in elsewhere})}, shapes {[tuple(t.shape) for t in elsewhere]}")
     device = kwargs.get("device")
-    _count_sync(func, args, device)
+    _count_sync(func, args, kwargs)
     if device is not None:
         kwargs = {**kwargs, "device": torch.device("cpu")}
 
@@ -149,4 +153,4 @@ class FakeDevice:
     def __exit__(self, *exc: Any) -> None:
         for mode in reversed(self._modes):
             mode.__exit__(*exc)
-        _syncs.remove(self.syncs)
+        assert _syncs.pop() is self.syncs, "FakeDevice blocks must nest"

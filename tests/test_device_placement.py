@@ -16,6 +16,7 @@ from accelerate import Accelerator
 
 from fake_device import DEVICE, DeviceMismatch, FakeDevice, OnDevice
 from gyremedia.advantages import group_advantages
+from gyremedia.config import ResolvedConfig
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
@@ -90,7 +91,7 @@ def test_a_run_on_an_accelerator_keeps_every_tensor_there(make_config, second_jp
     assert state.last_metrics["step"] == 2 and torch.isfinite(torch.tensor(state.last_metrics["loss"]))
 
 
-def waits_per_update(config) -> list[Counter]:
+def waits_per_update(config: ResolvedConfig) -> list[Counter]:
     """What each of two steps' updates would make the host wait for on a CUDA device, by op."""
     trainer = Trainer(config, PluginManager(), accelerator=FakeDeviceAccelerator(cpu=True))
     waits = []

@@ -180,22 +180,26 @@ class ForwardProcessObjective:
         self.options = options
         self.seed = context.seed
         self.old = OldPolicy(options.old_policy_decay)
-        self._draws: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # the minibatch's x0, levels, noise
+        # the minibatch micro_steps was given, and its clean samples, levels and noise for every micro-step
+        self._draws: tuple[Rollout, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
         """One micro-step per re-noised level; each sample's levels are stratified over [t_min, t_max]."""
         o = self.options
         keys = self._keys(rollout)
         levels = stratified_levels(self.seed, step, o.timesteps, keys, o.t_min, o.t_max)
+        self._draws = None  # the last minibatch's go before this one's are drawn
         x0 = rollout.final.float()
-        self._draws = (x0, *renoising_draws(x0, levels, self.seed, step, keys))
+        self._draws = (rollout, x0, *renoising_draws(x0, levels, self.seed, step, keys))
         return list(range(o.timesteps))
 
     def predictions(self, ctx, rollout: Rollout, micro_step: int) -> tuple[NoisedBatch, torch.Tensor, torch.Tensor]:
         """The re-noised batch of this micro-step, the policy's velocity on it and the old policy's."""
         if rollout.advantages is None:
             raise ValueError(f"{self.name} needs a rollout with advantages")
-        x0, levels, noise = self._draws
+        if self._draws is None or self._draws[0] is not rollout:
+            raise ValueError(f"{self.name}: call micro_steps(rollout, step) on this rollout first (it draws the noise)")
+        _, x0, levels, noise = self._draws
         batch = noised_batch(x0, levels[micro_step], noise[micro_step])
         v = ctx.backbone.flow_velocity(batch.xt, batch.t, rollout.conditions, ctx.guidance_scale).float()
         if self.old_is_current(ctx):

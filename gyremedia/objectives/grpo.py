@@ -48,6 +48,18 @@ class GRPOOptions:
                                                    "gradient, only replay cost and a smaller mean")
 
 
+@dataclass
+class TrainedRows:
+    """A minibatch's trained rows in flat GRPO, the same at each of its micro-steps: found once, since finding
+    them (``skip_zero_advantage``) and selecting them each wait for the device."""
+
+    rollout: Rollout  # the minibatch
+    found_from: torch.Tensor  # its advantages when they were found
+    rows: torch.Tensor | None  # None: every sample
+    advantages: torch.Tensor  # the rows' advantages
+    samples: Rollout  # the rows' samples
+
+
 class GRPOObjective:
     """The clipped-ratio policy gradient over a rollout's recorded transitions."""
 
@@ -59,9 +71,7 @@ class GRPOObjective:
     def __init__(self, options: GRPOOptions, context: BuildContext) -> None:
         self.options = options
         self.seed = context.seed
-        # flat GRPO's trained rows are the same at every micro-step of a minibatch: the minibatch, rows,
-        # advantages and selected samples, found at its first micro-step (each selection reads the device)
-        self._trained: tuple[Rollout, torch.Tensor | None, torch.Tensor, Rollout] | None = None
+        self._trained: TrainedRows | None = None  # flat GRPO's, found at a minibatch's first micro-step
 
     def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
         """The transitions trained on this step, shared by the batch: all stochastic ones, or the
@@ -107,15 +117,21 @@ class GRPOObjective:
     def trained_rows(self, rollout: Rollout, micro_step: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The rows whose transition ``micro_step`` is trained (``None``: every sample, as in flat GRPO) and
         their advantages."""
-        if self._trained is None or self._trained[0] is not rollout:
-            rows, advantages = self.informative_rows(None, self.transition_advantages(rollout, micro_step))
-            self._trained = (rollout, rows, advantages, rollout if rows is None else rollout.select(rows))
-        return self._trained[1], self._trained[2]
+        flat = type(self).transition_advantages is GRPOObjective.transition_advantages  # the same at every micro-step
+        if not flat:
+            return self.informative_rows(None, self.transition_advantages(rollout, micro_step))
+        cached = self._trained
+        if cached is None or cached.rollout is not rollout or cached.found_from is not rollout.advantages:
+            rows, advantages = self.informative_rows(None, rollout.advantages)
+            cached = self._trained = TrainedRows(rollout, rollout.advantages, rows, advantages,
+                                                 rollout if rows is None else rollout.select(rows))
+        return cached.rows, cached.advantages
 
     def trained_samples(self, rollout: Rollout, rows: torch.Tensor | None) -> Rollout:
         """``rollout``'s samples at ``rows`` (``None``: all); the ones :meth:`trained_rows` selected, when it did."""
-        if self._trained is not None and self._trained[0] is rollout and self._trained[1] is rows:
-            return self._trained[3]
+        cached = self._trained
+        if cached is not None and cached.rollout is rollout and cached.rows is rows:
+            return cached.samples
         return rollout if rows is None else rollout.select(rows)
 
     def informative_rows(self, rows: torch.Tensor | None,

@@ -31,8 +31,9 @@ class PairwiseOptions(ForwardProcessOptions):
 
 
 def preference_pairs(advantages: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices of the best and the worst sample of every group with a preference, in group order (ties skipped;
-    of equally best or worst samples, the first). Whole-batch tensor ops: two reads of the device in all."""
+    """Indices of the best and the worst sample of every group with a preference, in group order (ties and groups
+    with a NaN skipped; of equally best or worst samples, the first). ``group_ids`` on ``advantages``' device.
+    Whole-batch tensor ops: two waits for the device in all (``unique`` and ``nonzero``)."""
     groups, inverse = group_ids.unique(return_inverse=True)
     size = len(advantages)
     positions = torch.arange(size, device=advantages.device)
@@ -60,18 +61,19 @@ class PairwiseObjective(ForwardProcessObjective):
 
     name = "pairwise"
     default_weighting = "uniform"
+    pairs: tuple[torch.Tensor, torch.Tensor]  # the minibatch's winners and losers, set by micro_steps
 
     def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
         """The forward process's micro-steps; the minibatch's pairs are found once for all of them."""
         if rollout.advantages is None:
             raise ValueError(f"{self.name} needs a rollout with advantages")
-        self._pairs = preference_pairs(rollout.advantages, rollout.group_ids.to(rollout.advantages.device))
+        self.pairs = preference_pairs(rollout.advantages, rollout.group_ids.to(rollout.advantages.device))
         return super().micro_steps(rollout, step)
 
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         batch, v, v_old = self.predictions(ctx, rollout, micro_step)
         log_p, log_p_old = self.elbo_log_p(ctx, v, batch), self.elbo_log_p(ctx, v_old, batch)
-        winners, losers = self._pairs
+        winners, losers = self.pairs  # of the rollout micro_steps was given, which predictions checked
         if len(winners):
             policy_loss = pairwise_loss(log_p, log_p_old, winners, losers, self.options.beta).mean()
         else:

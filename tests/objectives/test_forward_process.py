@@ -151,7 +151,7 @@ def test_vgrpo_shares_noise_within_groups_and_is_on_policy(make_config):
     assert state.last_metrics["ratio"] == 1.0
     objective, rollout = state.objective, state.rollout
     objective.micro_steps(rollout, 0)
-    x0, levels, noise = objective._draws
+    _, x0, levels, noise = objective._draws
     batch = noised_batch(x0, levels[1], noise[1])
     for group in rollout.group_ids.unique():
         members = (rollout.group_ids == group).nonzero().flatten()
@@ -170,6 +170,25 @@ def test_pairwise_pulls_toward_the_better_sample_and_skips_ties():
     torch.testing.assert_close(loss, torch.tensor([math.log(2.0)]))  # on-policy: log 2
     grad, = torch.autograd.grad(loss.sum(), log_p)
     assert grad[2] < 0 < grad[1] and grad[[0, 3, 4, 5]].abs().sum() == 0  # raise the winner, lower the loser
+
+
+def test_pairwise_pairs_are_each_groups_first_best_and_first_worst():
+    """The whole-batch ops against the definition, group by group, on random batches with ties and NaN."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        size = int(torch.randint(1, 30, (1,), generator=generator))
+        advantages = torch.randint(-2, 3, (size,), generator=generator).float()
+        advantages[torch.rand(size, generator=generator) < 0.1] = float("nan")
+        groups = torch.randint(0, 5, (size,), generator=generator)
+        expected_winners, expected_losers = [], []
+        for group in sorted(set(groups.tolist())):
+            members = [i for i in range(size) if groups[i] == group]
+            scores = advantages[members].tolist()
+            if not any(math.isnan(x) for x in scores) and max(scores) > min(scores):
+                expected_winners.append(members[scores.index(max(scores))])
+                expected_losers.append(members[scores.index(min(scores))])
+        winners, losers = preference_pairs(advantages, groups)
+        assert (winners.tolist(), losers.tolist()) == (expected_winners, expected_losers)
 
 
 def test_pairwise_trains(make_config):
