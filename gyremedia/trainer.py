@@ -490,10 +490,8 @@ class Trainer:
             # wait for the accelerator each time). A sum is not finite when one of its micro-steps' values is not
             # (or when finite values overflow float32 together, beyond 3.4e38: a diverged run all the same).
             values = host_floats(summed)
-            grad_norm = values.pop("grad_norm")
             not_finite = {key for key, value in values.items() if not math.isfinite(value)}
-            if not math.isfinite(grad_norm):
-                not_finite.add("grad_norm")
+            grad_norm = values.pop("grad_norm")
             for key, value in values.items():
                 sums[key] = sums.get(key, 0.0) + value
             # Every rank takes the same decision (a NaN on one rank reaches the others' gradients anyway).

@@ -46,12 +46,15 @@ _SYNCING = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.d
 _syncs: list[Counter] = []
 
 
+def _record_sync(op: str) -> None:
+    """Count one wait for the device, by ``op``, in the innermost active :class:`FakeDevice`."""
+    if _syncs:
+        _syncs[-1][op] += 1
+
+
 def _count_sync(func, args: tuple, kwargs: dict) -> None:
-    """Count ``func(*args, **kwargs)`` in the active counter if it would make the host wait for a CUDA device."""
-    if not _syncs:
-        return
+    """Count ``func(*args, **kwargs)`` if it would make the host wait for a CUDA device."""
     device = kwargs.get("device")
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if func is torch.ops.aten._to_copy.default:  # .to() / .cpu(): a copy when it names the other side's device
         syncs = device is not None and isinstance(args[0], OnDevice) != _is_fake(device)
     elif func is torch.ops.aten.copy_.default:  # dst.copy_(src) across the two
@@ -62,9 +65,9 @@ def _count_sync(func, args: tuple, kwargs: dict) -> None:
     elif func is torch.ops.aten.repeat_interleave.Tensor:  # the output's size, unless given
         syncs = isinstance(args[0], OnDevice) and kwargs.get("output_size") is None
     else:
-        syncs = func in _SYNCING and any(isinstance(t, OnDevice) for t in tensors)
+        syncs = func in _SYNCING and any(isinstance(a, OnDevice) for a in args)
     if syncs:
-        _syncs[-1][str(func)] += 1
+        _record_sync(str(func))
 
 
 def _is_fake(device: Any) -> bool:
@@ -122,12 +125,10 @@ class _PlaceDataOnDevice(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in (torch.tensor, torch.as_tensor, torch.asarray) and _is_fake(kwargs.get("device")):
-            if _syncs:  # built on the CPU, then copied over
-                _syncs[-1][f"torch.{func.__name__}"] += 1
+            _record_sync(f"torch.{func.__name__}")  # built on the CPU, then copied over
             return OnDevice(func(*args, **{**kwargs, "device": "cpu"}))
         if func is torch.Tensor.tolist and isinstance(args[0], OnDevice):  # CUDA tensors copy to a list too
-            if _syncs:
-                _syncs[-1]["tolist"] += 1
+            _record_sync("tolist")
             return args[0].elem.tolist()
         return func(*args, **kwargs)
 
