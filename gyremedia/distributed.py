@@ -1,4 +1,5 @@
-"""Small collective helpers over an accelerate ``Accelerator`` (one process or many)."""
+"""Small collective helpers over an accelerate ``Accelerator`` (one process or many), and copies between host and
+device made in one go (each copy or read of an accelerator's tensor makes the host wait for it)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,37 @@ def host_floats(values: dict[str, torch.Tensor | float]) -> dict[str, float]:
     for on_device in tensors.values():
         floats.update(zip(on_device, torch.stack(list(on_device.values())).tolist()))
     return {key: floats[key] for key in values}
+
+
+def to_host(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """CPU copies of ``tensors`` (``None`` stays ``None``; CPU tensors pass through), each device's read in one copy.
+    The values travel as float64: exact for every float dtype, booleans, and integers below 2**53."""
+    copies = list(tensors)
+    by_device: dict[torch.device, list[int]] = defaultdict(list)
+    for position, tensor in enumerate(tensors):
+        if tensor is not None and tensor.device.type != "cpu":
+            by_device[tensor.device].append(position)
+    for positions in by_device.values():
+        parts = [tensors[p].detach() for p in positions]
+        flat = torch.cat([part.reshape(-1).double() for part in parts]).cpu()
+        for position, part, values in zip(positions, parts, flat.split([part.numel() for part in parts])):
+            copies[position] = values.view(part.shape).to(part.dtype)
+    return copies
+
+
+def to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """``tensors`` on ``device``, in one copy per dtype rather than one per tensor (views of that copy)."""
+    moved = list(tensors)
+    by_dtype: dict[torch.dtype, list[int]] = defaultdict(list)
+    for position, tensor in enumerate(tensors):
+        if tensor.device != torch.device(device):
+            by_dtype[tensor.dtype].append(position)
+    for positions in by_dtype.values():
+        parts = [tensors[p] for p in positions]
+        flat = torch.cat([part.reshape(-1) for part in parts]).to(device)
+        for position, part, values in zip(positions, parts, flat.split([part.numel() for part in parts])):
+            moved[position] = values.view(part.shape)
+    return moved
 
 
 def global_nanmeans(accelerator, values: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -80,9 +80,10 @@ class Rollout:
         """The last state of each denoising trajectory (the clean sample)."""
         return self.states[:, -1]
 
-    def select(self, index: torch.Tensor | list[int] | slice) -> Rollout:
+    def select(self, index: torch.Tensor | list[int] | slice, *, on_device: tuple[torch.Tensor, ...] = ()) -> Rollout:
         """A new Rollout with the samples at ``index`` (a slice gives views: not to be modified in place);
-        non-batch fields are shared."""
+        non-batch fields are shared. ``on_device``: the same positions already copied to other devices, so none is
+        copied there."""
         if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
             raise TypeError("Rollout.select takes sample positions, not a mask: pass mask.nonzero().flatten()")
         if isinstance(index, slice):
@@ -90,6 +91,7 @@ class Rollout:
         else:  # a tensor index is read in one copy, not element by element (each would wait for its device)
             positions = index.tolist() if isinstance(index, torch.Tensor) else [int(i) for i in index]
         indices = {index.device: index} if isinstance(index, torch.Tensor) else {}  # one copy per device
+        indices.update({copy.device: copy for copy in on_device})
 
         def take(value: Any) -> Any:
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == len(self):

@@ -39,6 +39,7 @@ class StepRecorder:
             "rewards": rollout.reward.tolist(),
             "advantages": rollout.advantages.tolist(),
             "reward_metric": metrics["reward"],
+            "grad_norm": metrics["grad_norm"],  # read from a DTensor, gathered, when the model is sharded
             # parameters this process holds (its shards when sharded) and those of the whole model
             "local_parameters": sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                                     for p in state.backbone.trainable_module().parameters()),

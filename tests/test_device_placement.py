@@ -17,6 +17,7 @@ from accelerate import Accelerator
 from fake_device import DEVICE, DeviceMismatch, FakeDevice, OnDevice
 from gyremedia.advantages import group_advantages
 from gyremedia.config import ResolvedConfig
+from gyremedia.distributed import to_device, to_host
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
@@ -107,19 +108,50 @@ def waits_per_update(config: ResolvedConfig) -> list[Counter]:
     return waits
 
 
-@pytest.mark.parametrize("few,many", [
-    ("{name: grpo, timestep_fraction: 0.5}", "{name: grpo, timestep_fraction: 1.0}"),
-    ("{name: nft, timesteps: 1}", "{name: nft, timesteps: 4}"),
-    ("{name: pairwise, timesteps: 1}", "{name: pairwise, timesteps: 4}")], ids=["grpo", "nft", "pairwise"])
-def test_an_update_waits_for_the_accelerator_a_fixed_number_of_times_however_many_micro_steps(make_config, few, many):
+TREE_GRPO = ("tree_grpo, aggregate: logprob, normalize_depth: true, dedup: true, width: 1, skip_zero_advantage: true",
+             "rollout.branch_steps=[0, 1]", "rollout.group_size=4")
+
+
+@pytest.mark.parametrize("objective,few,many,overrides", [
+    ("grpo", "timestep_fraction: 0.5", "timestep_fraction: 1.0", ()),
+    ("nft", "timesteps: 1", "timesteps: 4", ()),
+    ("pairwise", "timesteps: 1", "timesteps: 4", ()),
+    (TREE_GRPO[0], "timestep_fraction: 0.5", "timestep_fraction: 1.0", TREE_GRPO[1:])],
+    ids=["grpo", "nft", "pairwise", "tree_grpo"])
+def test_an_update_waits_for_the_accelerator_a_fixed_number_of_times_however_many_micro_steps(make_config, objective,
+                                                                                               few, many, overrides):
     """A value read back (float(), .item(), bool()), a copy between host and device, or an output sized by the
     data makes the host wait until the accelerator has run all that is queued, so it cannot queue the next
-    kernels meanwhile. The loss terms and the gradient norm are read once per optimizer step, together, and the
-    forward-process objectives copy all their micro-steps' noise at once: more micro-steps add no wait."""
-    sampler = "flow_sde" if "grpo" in few else "ode"  # the forward-process objectives re-noise any sample
-    few_waits = waits_per_update(make_config(f"objective={few}", f"sampler.name={sampler}", "rollout.num_steps=4"))
-    many_waits = waits_per_update(make_config(f"objective={many}", f"sampler.name={sampler}", "rollout.num_steps=4"))
+    kernels meanwhile. The loss terms and the gradient norm are read once per optimizer step, together, the
+    forward-process objectives copy all their micro-steps' noise at once, and tree GRPO plans every micro-step's
+    rows and nodes on the host at once: more micro-steps add no wait."""
+    sampler = "flow_sde" if "grpo" in objective else "ode"  # the forward-process objectives re-noise any sample
+
+    def waits(settings: str) -> list[Counter]:
+        return waits_per_update(make_config(f"objective={{name: {objective}, {settings}}}", f"sampler.name={sampler}",
+                                            "rollout.num_steps=4", *overrides))
+
+    few_waits, many_waits = waits(few), waits(many)
     assert few_waits == many_waits and sum(many_waits[0].values()) <= 6, (few_waits, many_waits)
+
+
+def test_host_and_device_copies_are_exact_and_made_at_once():
+    with FakeDevice() as device:
+        floats = torch.tensor([0.1, -2.5e-30, float("nan")]).to(DEVICE)
+        ints = torch.tensor([[3, 2**52 + 1], [-7, 0]]).to(DEVICE)
+        flags = torch.tensor([True, False]).to(DEVICE)
+        device.syncs.clear()
+        host = to_host(floats, None, ints, flags, torch.arange(2))
+        assert sum(device.syncs.values()) == 1  # one read for all three
+        assert [t.dtype for t in host if t is not None] == [torch.float32, torch.int64, torch.bool, torch.int64]
+        assert host[1] is None and not any(isinstance(t, OnDevice) for t in host if t is not None)
+        assert torch.equal(host[0][:2], floats.cpu()[:2]) and host[0][2].isnan()
+        assert torch.equal(host[2], ints.cpu()) and torch.equal(host[3], flags.cpu())
+        device.syncs.clear()
+        there = to_device([torch.arange(3), torch.ones(2), torch.tensor([5, 6])], DEVICE)
+        assert sum(device.syncs.values()) == 2  # one copy per dtype
+        assert all(isinstance(t, OnDevice) for t in there)
+        assert there[0].tolist() == [0, 1, 2] and there[1].tolist() == [1.0, 1.0] and there[2].tolist() == [5, 6]
 
 
 def test_the_world_model_trains_on_an_accelerator(tmp_path, plugin_manager):

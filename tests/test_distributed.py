@@ -66,8 +66,8 @@ def test_two_processes_match_one_process(single_and_ddp):
 @pytest.mark.slow
 def test_fsdp2_shards_the_model_and_trains_as_ddp(single_and_ddp, tiny_yaml, tmp_path):
     """train.sharding=fsdp2 on two gloo processes: each holds half of every parameter, the advantages are the
-    one-process run's, and after 3 steps the gathered weights equal DDP's (1e-6: the reduction order of the
-    gradients differs). A sharded run resumed after step 2 ends where the uninterrupted one does, and its
+    one-process run's, the gradient norm every step and, after 3 steps, the gathered weights equal DDP's (1e-6:
+    the reduction order of the gradients differs). A sharded run resumed after step 2 ends where the uninterrupted one does, and its
     export is a whole stock pipeline."""
     single, ddp = single_and_ddp
     sharded = ("train.sharding=fsdp2", "export.on_train_end=true")
@@ -81,6 +81,10 @@ def test_fsdp2_shards_the_model_and_trains_as_ddp(single_and_ddp, tiny_yaml, tmp
         torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-6)
     torch.testing.assert_close(torch.tensor(ranks[0]["steps"][0]["advantages"] + ranks[1]["steps"][0]["advantages"]),
                                torch.tensor(single["steps"][0]["advantages"]), rtol=0, atol=1e-5)
+    # the whole model's gradient norm, each rank's shards' norms combined, as DDP's replicas compute it
+    norms = [[step["grad_norm"] for step in rank["steps"]] for rank in (*ranks, *ddp)]
+    assert norms[0] == norms[1] and norms[2] == norms[3] and norms[0][0] > 0
+    torch.testing.assert_close(torch.tensor(norms[0]), torch.tensor(norms[2]), rtol=1e-5, atol=0)
     gathered, replicated = torch.tensor(ranks[0]["weights"]), torch.tensor(ddp[0]["weights"])
     torch.testing.assert_close(gathered, replicated, rtol=0, atol=1e-6)
     assert ranks[1]["weights"] == []  # the other process never holds the whole model

@@ -19,10 +19,16 @@ transition is trained once per leaf below it; with ``dedup`` it is replayed once
 node, the loss a mean over nodes); ``width`` keeps, per group and depth, only the nodes with the
 largest ``|A|`` (a node as good as its siblings teaches nothing); ``skip_steps`` leaves whole depths
 untrained.
+
+Which rows a micro-step trains and which node each replays depend on the tree and the advantages. They are
+worked out for all of a minibatch's micro-steps at once on the host (:class:`TreePlan`): one read of the
+advantages, rewards and log-probs, one copy of every index back, where finding them on an accelerator would make the host wait for
+it about a dozen times per micro-step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,8 +36,9 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.advantages import group_advantages
+from gyremedia.distributed import to_device, to_host
 from gyremedia.options import option
-from gyremedia.interfaces import ObjectiveContext, Transition
+from gyremedia.interfaces import BuildContext, ObjectiveContext, Transition
 from gyremedia.objectives.grpo import GRPOObjective, GRPOOptions
 from gyremedia.rollout import Rollout
 from gyremedia.tree import subtree_values
@@ -47,11 +54,77 @@ class TreeGRPOOptions(GRPOOptions):
     skip_steps: list[int] = option(default_factory=list, ge=0, help="transition indices never trained (depth pruning)")
 
 
+@dataclass
+class PlannedStep:
+    """What one micro-step of a minibatch trains: positions on the host, with their copies on the minibatch's device
+    (selecting with both copies nothing and waits for nothing)."""
+
+    rows_on_host: torch.Tensor | None  # the trained rows (None: every sample)
+    rows: torch.Tensor | None  # the same on the device
+    advantages: torch.Tensor  # the trained rows' advantages, on the advantages' device
+    first_on_host: torch.Tensor  # one row per node the transition starts from, in the order the rollout ran them
+    first: torch.Tensor  # the same on the device
+    spread: torch.Tensor  # for each trained row, its node's position among ``first`` (on the device)
+
+    def samples(self, rollout: Rollout) -> Rollout:
+        """The trained rows' samples."""
+        return rollout if self.rows is None else rollout.select(self.rows_on_host, on_device=(self.rows,))
+
+    def heads(self, rollout: Rollout) -> Rollout:
+        """One sample per node the transition starts from: what the model runs on."""
+        return rollout.select(self.first_on_host, on_device=(self.first,))
+
+
+@dataclass
+class TreePlan:
+    """A minibatch's :class:`PlannedStep` per micro-step, and what it was planned from."""
+
+    rollout: Rollout
+    found_from: torch.Tensor  # its advantages when planned
+    steps: dict[int, PlannedStep]
+
+
 class TreeGRPOObjective(GRPOObjective):
     """GRPO whose transition advantages are the values of the subtrees they lead to."""
 
     needs_tree_rollouts = True
     plans_transitions = False  # it replays once per tree node, never from kept forwards
+
+    def __init__(self, options: TreeGRPOOptions, context: BuildContext) -> None:
+        super().__init__(options, context)
+        self._plan: TreePlan | None = None
+
+    def micro_steps(self, rollout: Rollout, step: int) -> list[int]:
+        micro_steps = super().micro_steps(rollout, step)
+        if rollout.advantages is not None:
+            self._plan = self.plan(rollout, micro_steps)
+        return micro_steps
+
+    def plan(self, rollout: Rollout, micro_steps: list[int]) -> TreePlan:
+        """The rows, advantages and replayed nodes of each micro-step, found on the host and copied back at once."""
+        advantages, reward, log_probs = to_host(rollout.advantages, rollout.reward, rollout.log_probs)
+        host = dataclasses.replace(rollout, advantages=advantages, reward=reward, log_probs=log_probs)
+        chosen = {}
+        for micro_step in micro_steps:
+            rows, row_advantages = self.choose_rows(host, micro_step)
+            _, first, inverse = unique_first(host.extras["tree_ancestors"][:, micro_step])
+            chosen[micro_step] = (rows, row_advantages, first, inverse if rows is None else inverse[rows])
+        indices = [t for rows, _, first, spread in chosen.values() for t in (rows, first, spread) if t is not None]
+        on_device = iter(to_device(indices, rollout.states.device))
+        advantages_there = iter(to_device([a for _, a, _, _ in chosen.values()], rollout.advantages.device))
+        steps = {micro_step: PlannedStep(rows, None if rows is None else next(on_device), next(advantages_there),
+                                         first, next(on_device), next(on_device))
+                 for micro_step, (rows, _, first, _) in chosen.items()}
+        return TreePlan(rollout, rollout.advantages, steps)
+
+    def planned(self, rollout: Rollout, micro_step: int) -> PlannedStep:
+        """Micro-step ``micro_step`` of the minibatch's plan (planned now, for it alone, if ``micro_steps`` was not
+        given this minibatch)."""
+        plan = self._plan
+        if plan is None or plan.rollout is not rollout or plan.found_from is not rollout.advantages \
+                or micro_step not in plan.steps:
+            plan = self._plan = self.plan(rollout, [micro_step])
+        return plan.steps[micro_step]
 
     def trainable_steps(self, rollout: Rollout) -> list[int]:
         kept = [i for i in super().trainable_steps(rollout) if i not in self.options.skip_steps]
@@ -61,6 +134,19 @@ class TreeGRPOObjective(GRPOObjective):
 
     def trained_rows(self, rollout: Rollout, micro_step: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         """One row per node the transitions lead to (``dedup``), at most ``width`` per group by ``|A|``."""
+        planned = self.planned(rollout, micro_step)
+        return planned.rows, planned.advantages
+
+    def trained_samples(self, rollout: Rollout, rows: torch.Tensor | None) -> Rollout:
+        """The samples at ``rows``: those the plan selected, when they are one of its micro-steps' rows."""
+        if rows is not None and self._plan is not None and self._plan.rollout is rollout:
+            for planned in self._plan.steps.values():
+                if planned.rows is rows:
+                    return planned.samples(rollout)
+        return super().trained_samples(rollout, rows)
+
+    def choose_rows(self, rollout: Rollout, micro_step: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """:meth:`trained_rows`, worked out where ``rollout`` is (the plan's host copy)."""
         advantages = self.transition_advantages(rollout, micro_step)
         if not self.options.dedup and not self.options.width:
             return self.informative_rows(None, advantages)
@@ -76,15 +162,12 @@ class TreeGRPOObjective(GRPOObjective):
         """The model runs once per tree node at step ``index``, on the same batch the rollout ran it on (the
         minibatch is the rollout's chunk, its nodes in the same order), so the replayed log-probs equal the
         recorded ones exactly; each leaf's transition then steps from its node's output."""
-        nodes = rollout.extras["tree_ancestors"][:, index]
-        _, first, inverse = unique_first(nodes)
-        heads = rollout.select(first)
+        planned = self.planned(rollout, index)
+        heads, samples = planned.heads(rollout), planned.samples(rollout)
         output = ctx.backbone.predict(heads.states[:, index], rollout.sigmas[index], heads.conditions,
-                                      ctx.guidance_scale)[inverse.to(heads.states.device)]
-        if rows is not None:
-            rollout, output = rollout.select(rows), output[rows.to(output.device)]
-        transition = ctx.sampler.step(rollout.states[:, index], output, rollout.sigmas, index,
-                                      next_state=rollout.states[:, index + 1])
+                                      ctx.guidance_scale)[planned.spread]
+        transition = ctx.sampler.step(samples.states[:, index], output, rollout.sigmas, index,
+                                      next_state=samples.states[:, index + 1])
         return transition, output
 
     def transition_advantages(self, rollout: Rollout, micro_step: int) -> torch.Tensor:
