@@ -22,8 +22,8 @@ untrained.
 
 Which rows a micro-step trains and which node each replays depend on the tree and the advantages. They are
 worked out for all of a minibatch's micro-steps at once on the host (:class:`TreePlan`): one read of the
-advantages, rewards and log-probs, one copy of every index back, where finding them on an accelerator would make the host wait for
-it about a dozen times per micro-step.
+advantages, rewards and log-probs, one copy of every index back, where finding them on an accelerator would
+make the host wait for it about a dozen times per micro-step.
 """
 
 from __future__ import annotations
