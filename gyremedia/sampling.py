@@ -56,6 +56,8 @@ class KeptForwards:
     indices: frozenset[int]  # the transitions whose outputs are kept
     outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # transition -> output [B, ...] with its graph
     inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # transition -> the states [B, ...] it was of
+    # the trajectories and sample ids last compared with the inputs, and the transitions whose inputs they still hold
+    unchanged: tuple[torch.Tensor, torch.Tensor, frozenset[int]] | None = None
 
     KEY = "kept_forwards"  # where a rollout's extras hold them
 
@@ -68,20 +70,40 @@ class KeptForwards:
         self.inputs.pop(index, None)
         self.outputs.pop(index, None)
 
-    def take(self, index: int, sample_ids: torch.Tensor, states: torch.Tensor) -> torch.Tensor | None:
+    def take(self, index: int, sample_ids: torch.Tensor, trajectories: torch.Tensor) -> torch.Tensor | None:
         """The kept output of transition ``index`` for ``sample_ids`` (a subset of the kept rows), or None; None
-        too when ``states`` (the rollout's, as training replays them) are not the ones it was computed from,
-        e.g. after a plugin rewrote the rollout."""
-        output, given = self.outputs.pop(index, None), self.inputs.pop(index, None)
+        too when ``trajectories`` (the states ``[B, S+1, ...]`` training replays) are not the ones it was computed
+        from, e.g. after a plugin rewrote the rollout. The first take compares every kept transition's states at
+        once: one read of the device, not one per take."""
+        output = self.outputs.pop(index, None)
         if output is None:
             return None
         match = sample_ids.to(self.sample_ids.device)[:, None] == self.sample_ids[None, :]
         if not bool(match.any(dim=1).all()):
             return None
         rows = match.int().argmax(dim=1)
-        if not torch.equal(rows, torch.arange(len(self.sample_ids), device=rows.device)):
-            output, given = output[rows.to(output.device)], given[rows.to(given.device)]
-        return output if torch.equal(given, states.to(given.device)) else None
+        if torch.equal(rows, torch.arange(len(self.sample_ids), device=rows.device)):
+            rows = None  # the kept rows themselves, in their order
+        if self.unchanged is None or self.unchanged[0] is not trajectories or self.unchanged[1] is not sample_ids:
+            self.unchanged = (trajectories, sample_ids, self.unchanged_transitions(rows, trajectories))
+        if index not in self.unchanged[2]:
+            return None
+        return output if rows is None else output[rows.to(output.device)]
+
+    def unchanged_transitions(self, rows: torch.Tensor | None, trajectories: torch.Tensor) -> frozenset[int]:
+        """The kept transitions whose inputs at ``rows`` (None: all, in order) are still the states of
+        ``trajectories``."""
+        same, rows_there = {}, {}  # the rows copied to each device once
+        for index, given in self.inputs.items():
+            if rows is not None:
+                if given.device not in rows_there:
+                    rows_there[given.device] = rows.to(given.device)
+                given = given[rows_there[given.device]]
+            state = trajectories[:, index].to(given.device)
+            same[index] = (given == state).all() if given.shape == state.shape and given.dtype == state.dtype \
+                else torch.tensor(False, device=given.device)
+        flags = torch.stack(list(same.values())).tolist() if same else []
+        return frozenset(index for index, flag in zip(same, flags) if flag)
 
     @classmethod
     def discard(cls, rollout: Rollout) -> None:
@@ -140,7 +162,7 @@ def replay_transition(ctx: ObjectiveContext, rollout: Rollout, index: int, *,
         raise ValueError("replay needs a denoising rollout with sigmas")
     x = rollout.states[:, index]
     kept = None if reference else rollout.extras.get(KeptForwards.KEY)
-    output = kept.take(index, rollout.sample_ids, x) if kept is not None else None
+    output = kept.take(index, rollout.sample_ids, rollout.states) if kept is not None else None
     if output is None:
         output = ctx.backbone.predict(x, rollout.sigmas[index], rollout.conditions, ctx.guidance_scale,
                                       reference=reference)

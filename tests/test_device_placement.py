@@ -114,10 +114,11 @@ TREE_GRPO = ("tree_grpo, aggregate: logprob, normalize_depth: true, dedup: true,
 
 @pytest.mark.parametrize("objective,few,many,overrides", [
     ("grpo", "timestep_fraction: 0.5", "timestep_fraction: 1.0", ()),
+    ("grpo", "timestep_fraction: 0.5", "timestep_fraction: 1.0", ("train.reuse_rollout_forward=true",)),
     ("nft", "timesteps: 1", "timesteps: 4", ()),
     ("pairwise", "timesteps: 1", "timesteps: 4", ()),
     (TREE_GRPO[0], "timestep_fraction: 0.5", "timestep_fraction: 1.0", TREE_GRPO[1:])],
-    ids=["grpo", "nft", "pairwise", "tree_grpo"])
+    ids=["grpo", "grpo+reuse", "nft", "pairwise", "tree_grpo"])
 def test_an_update_waits_for_the_accelerator_a_fixed_number_of_times_however_many_micro_steps(make_config, objective,
                                                                                                few, many, overrides):
     """A value read back (float(), .item(), bool()), a copy between host and device, or an output sized by the

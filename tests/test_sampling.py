@@ -43,18 +43,19 @@ def test_replayed_log_probs_equal_rollout_log_probs(make_config, sampler_name, d
 
 
 def test_kept_forwards_give_each_output_once_for_the_rows_and_states_asked():
-    states = torch.tensor([[40.0], [50.0], [60.0], [70.0]])
+    trajectories = torch.arange(16.0).reshape(4, 4, 1)  # samples 4-7, their states before transitions 0-3
     kept = KeptForwards(torch.tensor([4, 5, 6, 7]), frozenset({0, 1, 3}))
-    kept.keep(0, states, torch.arange(4.0).requires_grad_())
-    kept.keep(1, states, torch.arange(4.0))
-    kept.keep(3, states, torch.arange(4.0))
-    subset = kept.take(0, torch.tensor([7, 5]), states[[3, 1]])
+    kept.keep(0, trajectories[:, 0], torch.arange(4.0).requires_grad_())
+    kept.keep(1, trajectories[:, 1], torch.arange(4.0))
+    kept.keep(3, trajectories[:, 3] + 1, torch.arange(4.0))  # not the states training replays: rewritten since
+    replayed = trajectories[[3, 1]]
+    subset = kept.take(0, torch.tensor([7, 5]), replayed)
     assert subset.tolist() == [3.0, 1.0] and subset.requires_grad  # rows by sample id, graph kept
-    assert kept.take(0, torch.tensor([7, 5]), states[[3, 1]]) is None  # once: its backward frees the graph
-    assert kept.take(1, torch.tensor([5, 8]), states[[1, 0]]) is None  # a sample it did not keep: replay instead
-    assert kept.take(2, torch.tensor([4]), states[:1]) is None
-    assert kept.take(3, torch.tensor([4, 5]), states[:2] + 1) is None  # states rewritten since: replay
-    assert not kept.outputs and not kept.inputs  # nothing kept outlives its one take
+    assert kept.take(0, torch.tensor([7, 5]), replayed) is None  # once: its backward frees the graph
+    assert kept.take(1, torch.tensor([5, 8]), trajectories[[1, 0]]) is None  # a sample it did not keep: replay instead
+    assert kept.take(2, torch.tensor([4]), trajectories[:1]) is None
+    assert kept.take(3, torch.tensor([7, 5]), replayed) is None  # states rewritten since: replay
+    assert not kept.outputs  # no graph outlives its one take
 
 
 FLOW_SIGMAS = torch.linspace(1, 0, 5)
