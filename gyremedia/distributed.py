@@ -69,7 +69,8 @@ def to_host(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
 
 
 def to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """``tensors`` on ``device``, in one copy per dtype rather than one per tensor (views of that copy)."""
+    """``tensors`` (all on one device, the host's) on ``device``, in one copy per dtype rather than one per tensor
+    (views of that copy)."""
     moved = list(tensors)
     by_dtype: dict[torch.dtype, list[int]] = defaultdict(list)
     for position, tensor in enumerate(tensors):

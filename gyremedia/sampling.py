@@ -46,6 +46,25 @@ def stochastic_steps(sampler: Sampler, sigmas: torch.Tensor) -> list[int]:
 
 
 @dataclass
+class KeptComparison:
+    """What a rollout's kept inputs were last compared with: the trajectories and sample ids training replays, the
+    kept rows those samples are (None: all of them, in order), copied to each device once, and the transitions whose
+    kept inputs those trajectories still hold."""
+
+    trajectories: torch.Tensor
+    sample_ids: torch.Tensor
+    rows: torch.Tensor | None
+    unchanged: frozenset[int] = frozenset()
+    copies: dict[torch.device, torch.Tensor] = field(default_factory=dict)
+
+    def rows_on(self, device: torch.device) -> torch.Tensor:
+        """``rows`` on ``device``."""
+        if device not in self.copies:
+            self.copies[device] = self.rows.to(device)
+        return self.copies[device]
+
+
+@dataclass
 class KeptForwards:
     """The policy's outputs at some transitions of a rollout's first chunk, computed with gradients while it was
     sampled (``train.reuse_rollout_forward``). Until the first optimizer step changes the weights they are exactly
@@ -56,8 +75,7 @@ class KeptForwards:
     indices: frozenset[int]  # the transitions whose outputs are kept
     outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # transition -> output [B, ...] with its graph
     inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # transition -> the states [B, ...] it was of
-    # the trajectories and sample ids last compared with the inputs, and the transitions whose inputs they still hold
-    unchanged: tuple[torch.Tensor, torch.Tensor, frozenset[int]] | None = None
+    compared: KeptComparison | None = None
 
     KEY = "kept_forwards"  # where a rollout's extras hold them
 
@@ -73,37 +91,39 @@ class KeptForwards:
     def take(self, index: int, sample_ids: torch.Tensor, trajectories: torch.Tensor) -> torch.Tensor | None:
         """The kept output of transition ``index`` for ``sample_ids`` (a subset of the kept rows), or None; None
         too when ``trajectories`` (the states ``[B, S+1, ...]`` training replays) are not the ones it was computed
-        from, e.g. after a plugin rewrote the rollout. The first take compares every kept transition's states at
-        once: one read of the device, not one per take."""
+        from, e.g. after a plugin rewrote the rollout. The first take of given trajectories compares every kept
+        transition's states with them at once (one read of the device, not one per take; an update does not edit
+        them)."""
         output = self.outputs.pop(index, None)
         if output is None:
             return None
+        compared = self.compared
+        if compared is None or compared.trajectories is not trajectories or compared.sample_ids is not sample_ids:
+            compared = self.compared = self.compare(sample_ids, trajectories)
+        if index not in compared.unchanged:
+            return None
+        return output if compared.rows is None else output[compared.rows_on(output.device)]
+
+    def compare(self, sample_ids: torch.Tensor, trajectories: torch.Tensor) -> KeptComparison:
+        """Which kept transitions the samples ``sample_ids`` with ``trajectories`` can take (none if one of the
+        samples was not kept)."""
         match = sample_ids.to(self.sample_ids.device)[:, None] == self.sample_ids[None, :]
         if not bool(match.any(dim=1).all()):
-            return None
+            return KeptComparison(trajectories, sample_ids, None)
         rows = match.int().argmax(dim=1)
-        if torch.equal(rows, torch.arange(len(self.sample_ids), device=rows.device)):
-            rows = None  # the kept rows themselves, in their order
-        if self.unchanged is None or self.unchanged[0] is not trajectories or self.unchanged[1] is not sample_ids:
-            self.unchanged = (trajectories, sample_ids, self.unchanged_transitions(rows, trajectories))
-        if index not in self.unchanged[2]:
-            return None
-        return output if rows is None else output[rows.to(output.device)]
-
-    def unchanged_transitions(self, rows: torch.Tensor | None, trajectories: torch.Tensor) -> frozenset[int]:
-        """The kept transitions whose inputs at ``rows`` (None: all, in order) are still the states of
-        ``trajectories``."""
-        same, rows_there = {}, {}  # the rows copied to each device once
+        in_order = torch.equal(rows, torch.arange(len(self.sample_ids), device=rows.device))
+        compared = KeptComparison(trajectories, sample_ids, None if in_order else rows)
+        flags = {}
         for index, given in self.inputs.items():
-            if rows is not None:
-                if given.device not in rows_there:
-                    rows_there[given.device] = rows.to(given.device)
-                given = given[rows_there[given.device]]
+            given = given if in_order else given[compared.rows_on(given.device)]
             state = trajectories[:, index].to(given.device)
-            same[index] = (given == state).all() if given.shape == state.shape and given.dtype == state.dtype \
+            flags[index] = (given == state).all() if given.shape == state.shape and given.dtype == state.dtype \
                 else torch.tensor(False, device=given.device)
-        flags = torch.stack(list(same.values())).tolist() if same else []
-        return frozenset(index for index, flag in zip(same, flags) if flag)
+        if flags:
+            first = next(iter(flags.values())).device
+            read = torch.stack([flag.to(first) for flag in flags.values()]).tolist()
+            compared.unchanged = frozenset(index for index, flag in zip(flags, read) if flag)
+        return compared
 
     @classmethod
     def discard(cls, rollout: Rollout) -> None:
@@ -112,6 +132,7 @@ class KeptForwards:
         if kept is not None:
             kept.outputs.clear()
             kept.inputs.clear()
+            kept.compared = None
 
 
 @torch.no_grad()

@@ -48,13 +48,13 @@ def test_kept_forwards_give_each_output_once_for_the_rows_and_states_asked():
     kept.keep(0, trajectories[:, 0], torch.arange(4.0).requires_grad_())
     kept.keep(1, trajectories[:, 1], torch.arange(4.0))
     kept.keep(3, trajectories[:, 3] + 1, torch.arange(4.0))  # not the states training replays: rewritten since
-    replayed = trajectories[[3, 1]]
-    subset = kept.take(0, torch.tensor([7, 5]), replayed)
+    ids, replayed = torch.tensor([7, 5]), trajectories[[3, 1]]
+    subset = kept.take(0, ids, replayed)
     assert subset.tolist() == [3.0, 1.0] and subset.requires_grad  # rows by sample id, graph kept
-    assert kept.take(0, torch.tensor([7, 5]), replayed) is None  # once: its backward frees the graph
+    assert kept.take(0, ids, replayed) is None  # once: its backward frees the graph
+    assert kept.take(3, ids, replayed) is None  # states rewritten since: replay (compared at the first take)
     assert kept.take(1, torch.tensor([5, 8]), trajectories[[1, 0]]) is None  # a sample it did not keep: replay instead
     assert kept.take(2, torch.tensor([4]), trajectories[:1]) is None
-    assert kept.take(3, torch.tensor([7, 5]), replayed) is None  # states rewritten since: replay
     assert not kept.outputs  # no graph outlives its one take
 
 
