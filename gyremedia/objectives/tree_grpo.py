@@ -64,8 +64,7 @@ class PlannedStep:
     advantages: torch.Tensor  # the trained rows' advantages, on the advantages' device
     first_on_host: torch.Tensor  # one row per node the transition starts from, in the order the rollout ran them
     first: torch.Tensor  # the same on the device
-    spread: torch.Tensor  # for each trained row, its node's position among ``first`` (on the device)
-    inverse: torch.Tensor  # the same for every row (on the device): for a replay of other rows
+    inverse: torch.Tensor  # for every row, its node's position among ``first`` (on the device)
 
     def samples(self, rollout: Rollout) -> Rollout:
         """The trained rows' samples."""
@@ -109,18 +108,17 @@ class TreeGRPOObjective(GRPOObjective):
         for micro_step in micro_steps:
             rows, row_advantages = self.choose_rows(host, micro_step)
             _, first, inverse = unique_first(host.extras["tree_ancestors"][:, micro_step])
-            chosen[micro_step] = (rows, row_advantages, first, inverse if rows is None else inverse[rows], inverse)
-        indices = []  # every index in one copy, in this order per micro-step: rows (unless all), first, spread, inverse
-        for rows, _, first, spread, inverse in chosen.values():
-            indices += ([] if rows is None else [rows]) + [first, spread, inverse]
+            chosen[micro_step] = (rows, row_advantages, first, inverse)
+        indices = []  # every index in one copy, in this order per micro-step: rows (unless all), first, inverse
+        for rows, _, first, inverse in chosen.values():
+            indices += ([] if rows is None else [rows]) + [first, inverse]
         on_device = iter(to_device(indices, rollout.states.device))
         advantages_there = iter(to_device([chosen[m][1] for m in chosen], rollout.advantages.device))
         steps = {}
-        for micro_step, (rows, _, first, _, _) in chosen.items():
+        for micro_step, (rows, _, first, _) in chosen.items():
             rows_there = None if rows is None else next(on_device)
             steps[micro_step] = PlannedStep(rows_on_host=rows, rows=rows_there, advantages=next(advantages_there),
-                                            first_on_host=first, first=next(on_device), spread=next(on_device),
-                                            inverse=next(on_device))
+                                            first_on_host=first, first=next(on_device), inverse=next(on_device))
         return TreePlan(rollout, rollout.advantages, steps)
 
     def planned(self, rollout: Rollout, micro_step: int) -> PlannedStep:
@@ -170,10 +168,7 @@ class TreeGRPOObjective(GRPOObjective):
         minibatch is the rollout's chunk, its nodes in the same order), so the replayed log-probs equal the
         recorded ones exactly; each leaf's transition then steps from its node's output."""
         planned = self.planned(rollout, index)
-        if rows is planned.rows:
-            spread = planned.spread
-        else:  # rows other than the planned ones
-            spread = planned.inverse if rows is None else planned.inverse[rows.to(planned.inverse.device)]
+        spread = planned.inverse if rows is None else planned.inverse[rows.to(planned.inverse.device)]
         heads, samples = planned.heads(rollout), self.trained_samples(rollout, rows)
         output = ctx.backbone.predict(heads.states[:, index], rollout.sigmas[index], heads.conditions,
                                       ctx.guidance_scale)[spread]
