@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -55,33 +56,34 @@ def host_floats(values: dict[str, torch.Tensor | float]) -> dict[str, float]:
 def to_host(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
     """CPU copies of ``tensors`` (``None`` stays ``None``; CPU tensors pass through), each device's read in one copy.
     The values travel as float64: exact for every float dtype, booleans, and integers below 2**53."""
-    copies = list(tensors)
     by_device: dict[torch.device, list[int]] = defaultdict(list)
     for position, tensor in enumerate(tensors):
         if tensor is not None and tensor.device.type != "cpu":
             by_device[tensor.device].append(position)
-    for positions in by_device.values():
-        parts = [tensors[p].detach() for p in positions]
-        flat = torch.cat([part.reshape(-1).double() for part in parts]).cpu()
-        for position, part, values in zip(positions, parts, flat.split([part.numel() for part in parts])):
-            copies[position] = values.view(part.shape).to(part.dtype)
-    return copies
+    return _moved_together(list(tensors), by_device.values(), lambda part: part.detach().double(),
+                           lambda flat: flat.cpu())
 
 
 def to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """``tensors`` (all on one device, the host's) on ``device``, in one copy per dtype rather than one per tensor
     (views of that copy)."""
-    moved = list(tensors)
     by_dtype: dict[torch.dtype, list[int]] = defaultdict(list)
     for position, tensor in enumerate(tensors):
         if tensor.device != torch.device(device):
             by_dtype[tensor.dtype].append(position)
-    for positions in by_dtype.values():
+    return _moved_together(list(tensors), by_dtype.values(), lambda part: part, lambda flat: flat.to(device))
+
+
+def _moved_together(tensors: list, batches: Iterable[list[int]], prepare: Callable[[torch.Tensor], torch.Tensor],
+                    move: Callable[[torch.Tensor], torch.Tensor]) -> list:
+    """``tensors`` with each batch of positions moved in one copy: ``prepare``d, flattened into one tensor, ``move``d,
+    then split back into views of their shapes and dtypes."""
+    for positions in batches:
         parts = [tensors[p] for p in positions]
-        flat = torch.cat([part.reshape(-1) for part in parts]).to(device)
+        flat = move(torch.cat([prepare(part).reshape(-1) for part in parts]))
         for position, part, values in zip(positions, parts, flat.split([part.numel() for part in parts])):
-            moved[position] = values.view(part.shape)
-    return moved
+            tensors[position] = values.view(part.shape).to(part.dtype)
+    return tensors
 
 
 def global_nanmeans(accelerator, values: dict[str, torch.Tensor]) -> dict[str, float]:
