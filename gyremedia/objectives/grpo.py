@@ -146,20 +146,21 @@ class GRPOObjective:
             return rows, advantages
         return (kept if rows is None else rows.to(kept.device)[kept]), advantages[kept]
 
-    def replay(self, ctx: ObjectiveContext, rollout: Rollout, index: int,
-               rows: torch.Tensor | None) -> tuple[Transition, torch.Tensor]:
-        """Transition ``index`` of the trained rows under the current policy, and the model output it used."""
-        return replay_transition(ctx, self.trained_samples(rollout, rows), index)
+    def replay(self, ctx: ObjectiveContext, rollout: Rollout, index: int, rows: torch.Tensor | None,
+               samples: Rollout) -> tuple[Transition, torch.Tensor]:
+        """Transition ``index`` of the trained rows (``samples``: ``rollout``'s at ``rows``) under the current policy,
+        and the model output it used."""
+        return replay_transition(ctx, samples, index)
 
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         if rollout.log_probs is None or rollout.advantages is None:
             raise ValueError("grpo needs a rollout with log-probs and advantages")
         eps = self.options.clip_range
         rows, advantages = self.trained_rows(rollout, micro_step)
-        transition, output = self.replay(ctx, rollout, micro_step, rows)
-        rollout = self.trained_samples(rollout, rows)
+        samples = self.trained_samples(rollout, rows)
+        transition, output = self.replay(ctx, rollout, micro_step, rows, samples)
         advantages = advantages.clamp(-self.options.adv_clip_max, self.options.adv_clip_max)
-        log_ratio = transition.log_prob - rollout.log_probs[:, micro_step]
+        log_ratio = transition.log_prob - samples.log_probs[:, micro_step]
         per_sample, ratio = clipped_ratio_loss(log_ratio, advantages, eps, eps)
         policy_loss = per_sample.mean()
         metrics = {
@@ -169,8 +170,8 @@ class GRPOObjective:
             "approx_kl": 0.5 * (log_ratio.detach() ** 2).mean(),
         }
         outputs = {"index": micro_step, "model_output": output, "transition": transition,
-                   "state": rollout.states[:, micro_step], "sigma": rollout.sigmas[micro_step],
-                   "sigmas": rollout.sigmas, "conditions": rollout.conditions}
+                   "state": samples.states[:, micro_step], "sigma": samples.sigmas[micro_step],
+                   "sigmas": samples.sigmas, "conditions": samples.conditions}
         return LossOutput(loss=policy_loss, metrics=metrics, outputs=outputs)
 
 

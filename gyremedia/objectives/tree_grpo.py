@@ -162,14 +162,14 @@ class TreeGRPOObjective(GRPOObjective):
                                  self.options.width)
         return self.informative_rows(rows, advantages[rows.to(advantages.device)])
 
-    def replay(self, ctx: ObjectiveContext, rollout: Rollout, index: int,
-               rows: torch.Tensor | None) -> tuple[Transition, torch.Tensor]:
+    def replay(self, ctx: ObjectiveContext, rollout: Rollout, index: int, rows: torch.Tensor | None,
+               samples: Rollout) -> tuple[Transition, torch.Tensor]:
         """The model runs once per tree node at step ``index``, on the same batch the rollout ran it on (the
         minibatch is the rollout's chunk, its nodes in the same order), so the replayed log-probs equal the
         recorded ones exactly; each leaf's transition then steps from its node's output."""
         planned = self.planned(rollout, index)
         spread = planned.inverse if rows is None else planned.inverse[rows.to(planned.inverse.device)]
-        heads, samples = planned.heads(rollout), self.trained_samples(rollout, rows)
+        heads = planned.heads(rollout)
         output = ctx.backbone.predict(heads.states[:, index], rollout.sigmas[index], heads.conditions,
                                       ctx.guidance_scale)[spread]
         transition = ctx.sampler.step(samples.states[:, index], output, rollout.sigmas, index,
