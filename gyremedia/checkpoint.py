@@ -4,7 +4,13 @@ A checkpoint is written into a hidden temporary folder, every file flushed to di
 place only once every rank has written its part, so ``checkpoints/step-NNNNNN`` either exists whole or
 not at all. Its ``manifest.json`` (written last, beside ``trainer_state.json``) records every file's
 size: on a filesystem without atomic renames, or after a bad disk, a checkpoint whose files do not
-match it, or that fails to load, is skipped with a warning and the previous one is used.
+match it, or that fails to load, is set aside into ``checkpoints/damaged/`` (never deleted) with a warning and
+the previous one is used; old checkpoints are pruned only among verified ones, by step number.
+
+Everything is read back with ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain values
+(numbers, strings, lists, dicts) only, checked when it is written, so loading a downloaded run folder runs no
+code. Each checkpoint also keeps the resolved config it was trained with (``config.yaml``), which a resume
+compares with the one it is given.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import io
 import json
 import logging
 import os
+import pickle
 import random
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,38 +40,86 @@ OPTIMIZER = "optimizer.pt"
 SCHEDULER = "scheduler.pt"
 TRAINER_STATE = "trainer_state.json"
 COMPONENTS = "components.pt"  # tensors of stateful components (an objective's old policy, ...)
+CONFIG = "config.yaml"  # the resolved config the run had when it wrote the checkpoint
 MANIFEST = "manifest.json"  # {file name: size in bytes} of every other file, written last
+DAMAGED_DIR = "damaged"  # inside checkpoints/: damaged checkpoints, moved aside rather than deleted
+_STEP = re.compile(r"step-(\d+)")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint could not be written (disk full, permissions); the message names the folder."""
+    """A checkpoint could not be written (disk full, permissions) or read; the message names the folder."""
+
+    exit_code = 1
 
 
 class CorruptCheckpoint(RuntimeError):
     """A checkpoint on disk is incomplete or unreadable."""
 
 
+class UnsafeCheckpoint(CheckpointError):
+    """A checkpoint file holds Python objects other than tensors and plain values: it is refused, not run."""
+
+
+class NoUsableCheckpoint(CheckpointError):
+    """Every checkpoint of a run folder is damaged: a resume stops rather than start again from step 0."""
+
+
 def checkpoint_name(step: int) -> str:
     return f"step-{step:06d}"
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint folder ``step-N`` holds (its number, not its name: step 1,000,000 sorts last)."""
+    return int(_STEP.fullmatch(Path(path).name).group(1))
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoints of a run that finished writing (renamed into place), oldest first."""
+    """Checkpoint folders of a run (renamed into place; not yet verified), oldest step first."""
     root = Path(run_dir) / CHECKPOINT_DIR
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / TRAINER_STATE).is_file())
+    return sorted((p for p in root.iterdir() if p.is_dir() and _STEP.fullmatch(p.name)), key=checkpoint_step)
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint whose files match its manifest (a damaged newer one is skipped with a warning)."""
+def latest_checkpoint(run_dir: Path, warn: bool = True) -> Path | None:
+    """The newest checkpoint whose files match its manifest (a damaged newer one is skipped, with a warning).
+
+    Read-only (``eval``, ``export``): a damaged checkpoint is left where it is."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
             verify(path)
             return path
         except CorruptCheckpoint as exc:
-            logger.warning("skipping damaged checkpoint %s: %s", path, exc)
+            if warn:
+                logger.warning("skipping damaged checkpoint %s: %s", path, exc)
     return None
+
+
+def set_aside(path: Path, why: object) -> Path:
+    """Move a damaged checkpoint into ``checkpoints/damaged/`` (kept for inspection, out of every listing)."""
+    root = Path(path).parent / DAMAGED_DIR
+    root.mkdir(exist_ok=True)
+    target, n = root / Path(path).name, 1
+    while target.exists():
+        target, n = root / f"{Path(path).name}.{n}", n + 1
+    os.replace(path, target)
+    logger.warning("damaged checkpoint %s (%s) moved aside to %s", path, why, target)
+    return target
+
+
+def prune(run_dir: Path, keep_last: int, keep: Path) -> None:
+    """Delete all but the ``keep_last`` newest verified checkpoints (by step number), never ``keep``; damaged
+    ones are set aside, so they neither count nor make a good one go."""
+    good = []
+    for path in list_checkpoints(run_dir):
+        try:
+            verify(path)
+            good.append(path)
+        except CorruptCheckpoint as exc:
+            set_aside(path, exc)
+    for old in good[:-keep_last]:
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def verify(path: Path) -> None:
@@ -81,7 +137,11 @@ def verify(path: Path) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's random states as tensors and plain values (``weights_only`` reads them back)."""
+    name, keys, pos, has_gauss, gaussian = np.random.get_state()
+    numpy = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+             "has_gauss": int(has_gauss), "cached_gaussian": float(gaussian)}
+    state = {"python": random.getstate(), "numpy": numpy, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -89,7 +149,11 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy = state["numpy"]
+    if isinstance(numpy, dict):
+        numpy = (numpy["name"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
+                 numpy["cached_gaussian"])
+    np.random.set_state(numpy)  # a checkpoint written before 2026-12 holds numpy's own tuple
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -103,37 +167,79 @@ def _write(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` whole: a crash or full disk leaves the old file or the new one, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        _write(tmp, data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _torch_bytes(obj: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()
 
 
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def check_plain(value: Any, where: str) -> None:
+    """Raise :class:`CheckpointError` unless ``value`` is tensors and plain values only (what
+    ``torch.load(weights_only=True)`` reads back without running code), naming ``where`` it is not."""
+    if isinstance(value, (torch.Tensor, *_PLAIN)):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_plain(item, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, _PLAIN):
+                raise CheckpointError(f"{where} has a key of type {type(key).__name__}: {_PLAIN_ONLY}")
+            check_plain(item, f"{where}[{key!r}]")
+        return
+    raise CheckpointError(f"{where} is a {type(value).__module__}.{type(value).__qualname__}: {_PLAIN_ONLY}")
+
+
+_PLAIN_ONLY = ("a checkpoint stores tensors, numbers, strings, lists and dicts only (it is read back with "
+               "torch.load(weights_only=True), which runs no code): convert it in its state_dict")
+
+
 def _all_ranks_ok(accelerator, ok: bool) -> bool:
     """Whether every rank succeeded (one collective), so no rank waits at a barrier another never reaches."""
+    return _worst_on_any_rank(accelerator, 0 if ok else 1) == 0
+
+
+def _worst_on_any_rank(accelerator, code: int) -> int:
+    """The largest of every rank's ``code`` (one collective)."""
     if accelerator.num_processes == 1:
-        return ok
-    flags = accelerator.gather(torch.tensor([float(ok)], device=accelerator.device))
-    return bool(flags.min().item() > 0)
+        return code
+    codes = accelerator.gather(torch.tensor([float(code)], device=accelerator.device))
+    return int(codes.max().item())
 
 
 def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str, torch.Tensor],
                     optimizer_state: dict[str, Any], scheduler, plugin_state: Callable[[Path], dict[str, Any]],
-                    keep_last: int, component_state: dict[str, Any] | None = None, sharded: bool = False) -> Path:
+                    keep_last: int, config_yaml: str, component_state: dict[str, Any] | None = None,
+                    sharded: bool = False) -> Path:
     """Write the checkpoint of ``step`` (every rank calls this) and prune old ones on the main rank.
 
     ``weights`` and ``optimizer_state`` are the main rank's (whole, also when the model is ``sharded``:
-    then the optimizer state is keyed by parameter name).
+    then the optimizer state is keyed by parameter name); ``config_yaml`` is the run's resolved config.
 
     ``plugin_state(folder)`` is called on every rank with the folder being written and returns the
     plugins' JSON state (the main rank's is kept). A write that fails on any rank (disk full,
-    permissions) removes the temporary folder and raises :class:`CheckpointError` on every rank; the
-    previous checkpoints stay as they were.
+    permissions, a component or plugin state that is not plain values) removes the temporary folder and
+    raises :class:`CheckpointError` on every rank; the previous checkpoints stay as they were.
     """
     root = Path(run_dir) / CHECKPOINT_DIR
     final = root / checkpoint_name(step)
     tmp = root / f".tmp-{checkpoint_name(step)}"
-    error: OSError | None = None
+    error: Exception | None = None
     if accelerator.is_main_process:
         try:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -141,6 +247,7 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str,
         except OSError as exc:
             error = exc
     accelerator.wait_for_everyone()
+    plugins: dict[str, Any] = {}
     try:
         if error is None and not tmp.is_dir():
             raise FileNotFoundError(f"{tmp} is not visible on rank {accelerator.process_index}")
@@ -148,12 +255,22 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str,
             _write(tmp / f"rng_rank{accelerator.process_index}.pt", _torch_bytes(rng_state()))
             plugins = plugin_state(tmp)
             if accelerator.is_main_process:
+                for name, value in plugins.items():
+                    try:
+                        json.dumps(value)
+                    except (TypeError, ValueError) as exc:
+                        raise CheckpointError(f"plugin {name!r} returned a state from gyremedia_on_save_checkpoint "
+                                              f"that is not JSON ({exc}): return numbers, strings, lists and dicts"
+                                              ) from exc
+                for name, value in (component_state or {}).items():
+                    check_plain(value, f"the state of {name}")
                 _write(tmp / WEIGHTS, save({k: v.detach().contiguous().cpu() for k, v in weights.items()}))
                 _write(tmp / OPTIMIZER, _torch_bytes(optimizer_state))
                 _write(tmp / SCHEDULER, _torch_bytes(scheduler.state_dict()))
+                _write(tmp / CONFIG, config_yaml.encode())
                 if component_state:
                     _write(tmp / COMPONENTS, _torch_bytes(component_state))
-    except OSError as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever fails, every rank must hear of it (a lone raise hangs the others)
         error = exc
     _stop_unless_written(accelerator, error, tmp, step)
     if accelerator.is_main_process:
@@ -165,25 +282,28 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str,
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
-        except OSError as exc:
+            prune(run_dir, keep_last, keep=final)
+        except Exception as exc:  # noqa: BLE001 - as above
             error = exc
     _stop_unless_written(accelerator, error, tmp, step)
-    if accelerator.is_main_process:
-        for old in list_checkpoints(run_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
     return final
 
 
-def _stop_unless_written(accelerator, error: OSError | None, tmp: Path, step: int) -> None:
+def _stop_unless_written(accelerator, error: Exception | None, tmp: Path, step: int) -> None:
     """On every rank: raise :class:`CheckpointError` (after removing the temporary folder) if any rank failed."""
     if _all_ranks_ok(accelerator, error is None):
         return
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
-    why = f"{type(error).__name__}: {error.strerror or error}" if error is not None else "another process failed to write"
-    raise CheckpointError(f"could not write checkpoint {checkpoint_name(step)} in {tmp.parent} ({why}): free disk space "
-                          "or fix the folder's permissions (run.output_dir); the previous checkpoints are intact")
+    where = f"could not write checkpoint {checkpoint_name(step)} in {tmp.parent}"
+    if isinstance(error, CheckpointError):
+        raise CheckpointError(f"{where}: {error}; the previous checkpoints are intact") from error
+    if isinstance(error, OSError):
+        why = f"{type(error).__name__}: {error.strerror or error}"
+        raise CheckpointError(f"{where} ({why}): free disk space or fix the folder's permissions (run.output_dir); "
+                              "the previous checkpoints are intact") from error
+    why = f"{type(error).__name__}: {error}" if error is not None else "another process failed to write its part"
+    raise CheckpointError(f"{where} ({why}); the previous checkpoints are intact") from error
 
 
 @dataclass
@@ -198,8 +318,47 @@ class LoadedCheckpoint:
     rng: dict[str, Any] | None
 
 
+def _numpy_rng_globals() -> list[Any]:
+    """What numpy's own RNG state tuple pickles to: the allow-list for RNG files written before 2026-12."""
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_plain(file: Path, *, map_location: Any = None, old_rng: bool = False) -> Any:
+    """``torch.load(weights_only=True)``: tensors and plain values, never code. A file that holds other objects
+    raises :class:`UnsafeCheckpoint` naming them; one that cannot be read, :class:`CorruptCheckpoint`.
+    ``old_rng`` also allows the numpy arrays of an RNG state written before 2026-12."""
+    try:
+        if old_rng:
+            with torch.serialization.safe_globals(_numpy_rng_globals()):
+                return torch.load(file, map_location=map_location, weights_only=True)
+        return torch.load(file, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        try:
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(file)
+        except Exception:  # noqa: BLE001 - not even a readable archive: damaged
+            unsafe = []
+        if not unsafe:
+            raise CorruptCheckpoint(f"{Path(file).name}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+        raise UnsafeCheckpoint(
+            f"{file} holds Python objects ({', '.join(unsafe)}), not only tensors and plain values: gyremedia refuses "
+            "to load it, since unpickling them could run any code; if you wrote it yourself and trust it, resume "
+            "from an earlier checkpoint, or start a new run (run.output_dir) from its trainable.safetensors "
+            "weights") from exc
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise CorruptCheckpoint(f"{Path(file).name}: {type(exc).__name__}: {exc}") from exc
+
+
+def _load_rng(file: Path) -> dict[str, Any]:
+    try:
+        return load_plain(file)
+    except UnsafeCheckpoint:  # written before 2026-12: numpy's state was its own tuple of arrays
+        return load_plain(file, old_rng=True)
+
+
 def read_checkpoint(accelerator, path: Path) -> LoadedCheckpoint:
-    """Read a checkpoint (this rank's RNG included); raise :class:`CorruptCheckpoint` if any part fails."""
+    """Read a checkpoint (this rank's RNG included); raise :class:`CorruptCheckpoint` if any part fails and
+    :class:`UnsafeCheckpoint` if a file holds more than tensors and plain values."""
     path = Path(path)
     verify(path)
     # torch.load restores no indexed CPU device, which accelerate names its gloo processes' device (cpu:0)
@@ -207,31 +366,57 @@ def read_checkpoint(accelerator, path: Path) -> LoadedCheckpoint:
     try:
         weights = load((path / WEIGHTS).read_bytes())
         weights = {k: v.to(device) for k, v in weights.items()}
-        # on the CPU: load_state_dict moves each state to its parameter's device; a sharded run's (whole) state
-        # must not land whole on every accelerator
-        optimizer = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=False)
-        scheduler = torch.load(path / SCHEDULER, weights_only=False)
         state = json.loads((path / TRAINER_STATE).read_text())
-        components = path / COMPONENTS
-        state["components"] = torch.load(components, map_location=device) if components.is_file() else {}
-        rng_file = path / f"rng_rank{accelerator.process_index}.pt"
-        rng = torch.load(rng_file, weights_only=False) if rng_file.is_file() else None
     except Exception as exc:  # noqa: BLE001 - whatever a damaged file raises, the checkpoint is unusable
         raise CorruptCheckpoint(f"{type(exc).__name__}: {exc}") from exc
+    # on the CPU: load_state_dict moves each state to its parameter's device; a sharded run's (whole) state
+    # must not land whole on every accelerator
+    optimizer = load_plain(path / OPTIMIZER, map_location="cpu")
+    scheduler = load_plain(path / SCHEDULER)
+    components = path / COMPONENTS
+    state["components"] = load_plain(components, map_location=device) if components.is_file() else {}
+    rng_file = path / f"rng_rank{accelerator.process_index}.pt"
+    rng = _load_rng(rng_file) if rng_file.is_file() else None
     return LoadedCheckpoint(path, weights, optimizer, scheduler, state, rng)
 
 
+def saved_config(path: Path) -> str | None:
+    """The resolved config (yaml) a checkpoint was written with; ``None`` for one written before 2026-12."""
+    file = Path(path) / CONFIG
+    return file.read_text() if file.is_file() else None
+
+
 def read_latest_checkpoint(accelerator, run_dir: Path) -> LoadedCheckpoint | None:
-    """The newest checkpoint that every rank reads whole; damaged newer ones are skipped with a warning."""
+    """The newest checkpoint that every rank reads whole; ``None`` when the run has none yet.
+
+    A damaged newer one is moved aside (main rank) with a warning, and the one before is tried; when every
+    checkpoint is damaged, :class:`NoUsableCheckpoint` is raised rather than starting again from step 0. A file
+    that is not plain values raises :class:`UnsafeCheckpoint` on every rank."""
+    damaged: list[str] = []
     for path in reversed(list_checkpoints(run_dir)):
+        loaded, error, code = None, None, 0
         try:
-            loaded, error = read_checkpoint(accelerator, path), None
+            loaded = read_checkpoint(accelerator, path)
         except CorruptCheckpoint as exc:
-            loaded, error = None, exc
-        if _all_ranks_ok(accelerator, loaded is not None):
+            error, code = exc, 1
+        except UnsafeCheckpoint as exc:
+            error, code = exc, 2
+        worst = _worst_on_any_rank(accelerator, code)
+        if worst == 0:
             return loaded
-        logger.warning("skipping damaged checkpoint %s (%s): resuming from the one before", path,
-                       error or "unreadable on another rank")
+        if worst == 2:
+            raise error if isinstance(error, UnsafeCheckpoint) else UnsafeCheckpoint(
+                f"{path} holds Python objects on another process's RNG file: gyremedia refuses to load it")
+        why = error or "unreadable on another process"
+        damaged.append(f"{path.name} ({why})")
+        if accelerator.is_main_process:
+            set_aside(path, why)
+        accelerator.wait_for_everyone()
+    if damaged:
+        raise NoUsableCheckpoint(
+            f"{run_dir}: every checkpoint is damaged ({'; '.join(damaged)}); they were moved to "
+            f"{Path(run_dir) / CHECKPOINT_DIR / DAMAGED_DIR}: restore a good copy of one into "
+            f"{Path(run_dir) / CHECKPOINT_DIR}, or start a new run (run.output_dir)")
     return None
 
 

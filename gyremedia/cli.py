@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -59,7 +60,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = run_config(Path(args.resume), overrides, pm)
     else:
         config = _resolve(config_path, overrides, pm)
-    trainer = Trainer(config, pm, resume=bool(args.resume))
+    if args.override_resumed and not args.resume:
+        raise ConfigError("--override-resumed goes with --resume RUN_DIR: a new run takes any setting")
+    trainer = Trainer(config, pm, resume=bool(args.resume), override_resumed=args.override_resumed)
     quiet_libraries()
     state = trainer.train()
     if state.accelerator.is_main_process:
@@ -136,10 +139,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     config = runs.run_config(Path(args.run_dir), [], pm)
     if args.lora_only and not config.backbone.options.lora.enabled:
         raise ConfigError("--lora-only: this run trained the full model (backbone.lora.enabled=false)")
+    if not args.overwrite:
+        runs.refuse_to_overwrite(Path(args.out_dir))
     runs.quiet_libraries()
     backbone = runs.build_backbone(config, pm)
     checkpoint = runs.load_trained_weights(backbone, Path(args.run_dir))
-    backbone.save_pretrained(Path(args.out_dir), merge_lora=not args.lora_only)
+    runs.export_whole(backbone, Path(args.out_dir), merge_lora=not args.lora_only)
     print(f"exported {checkpoint} to {args.out_dir}")
     return 0
 
@@ -180,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="train from a yaml (default: the quickstart) plus key=value overrides")
     train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete checkpoint")
+    train.add_argument("--override-resumed", metavar="KEY", action="append", default=[],
+                       help="with --resume: let KEY (or a whole section) differ from the settings the run was trained "
+                            "with, e.g. --override-resumed train.learning_rate (repeatable; docs/errors.md)")
     train.set_defaults(func=cmd_train)
     config = commands.add_parser("config", parents=[common], help="validate a config and print it with every default filled in")
     config.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
@@ -194,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("out_dir")
     export.add_argument("--lora-only", action="store_true",
                         help="save only the LoRA adapters, for pipe.load_lora_weights (default: merged weights)")
+    export.add_argument("--overwrite", action="store_true",
+                        help="replace what OUT_DIR holds (refused by default when it is not empty)")
     export.set_defaults(func=cmd_export)
     plugins = commands.add_parser("plugins", parents=[common], help="list plugins, what they register and the hooks they implement")
     plugins.add_argument("--json", action="store_true", help="print one JSON object")
@@ -216,21 +226,46 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, positional, [*getattr(args, positional), *extra])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from gyremedia.checkpoint import CheckpointError
-    from gyremedia.scoring import RewardContractError, RewardError
+    from gyremedia.distributed import FailedElsewhere
+    from gyremedia.scoring import RewardError
     from gyremedia.trainer import Interrupted, NonFiniteLoss
 
-    # Errors a user can act on print one line (the key and the fix) and an exit code; --debug shows the traceback.
-    exit_codes = ((ConfigError, 2), (PluginError, 2), (RewardContractError, 2), (Interrupted, None),
-                  (RewardError, 1), (NonFiniteLoss, 1), (CheckpointError, 1))
+    # Errors a user can act on print one line (the key and the fix) and their class's exit code (the table in
+    # docs/errors.md); --debug shows the traceback.
     try:
         return args.func(args)
-    except tuple(kind for kind, _ in exit_codes) as exc:
+    except (ConfigError, PluginError, RewardError, NonFiniteLoss, CheckpointError, Interrupted, FailedElsewhere) as exc:
         if getattr(args, "debug", False):
             raise
         print(f"gyremedia: error: {exc}", file=sys.stderr)
-        code = next(code for kind, code in exit_codes if isinstance(exc, kind))
-        return exc.exit_code if code is None else code
+        return exc.exit_code
+
+
+def exit_cleanly(code: int) -> None:
+    """Exit the process with ``code``, the same code every time.
+
+    A daemon thread still running torch work when the interpreter tears down (the next step's prompt prefetch, a
+    reward call, one hung past its ``timeout``), or the gloo threads of a process group left undestroyed after an
+    error, can abort the teardown ("terminate called without an active exception", exit 134 instead of 1). So
+    background work gets a few seconds to end; if any is left, or a process group is still up, the process exits
+    without the teardown, once its output is flushed."""
+    import torch.distributed
+
+    from gyremedia.threads import wait_for_background
+
+    settled = wait_for_background(timeout=10.0)
+    if settled and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        sys.exit(code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run() -> None:
+    """The ``gyremedia`` command."""
+    exit_cleanly(main())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -36,6 +36,8 @@ if not OmegaConf.has_resolver("asset"):
 class ConfigError(ValueError):
     """The config is invalid; the message names each offending key and how to fix it."""
 
+    exit_code = 2
+
 
 @dataclass
 class RunSection:
@@ -234,6 +236,8 @@ class RewardSettings:
     # whole call's samples) or a NaN/inf score (that sample).
     on_failure: Literal["fail", "drop"] = option("fail", help="what a failing sample does")
     timeout: float = option(0.0, ge=0, help="seconds one call may take before it counts as failed; 0 waits forever")
+    max_dropped: float = option(0.5, ge=0, le=1, help="with on_failure=drop: the share of samples it may drop over "
+                                "the last 10 steps before the run stops (a server that is down drops them all)")
 
 
 @dataclass
@@ -763,7 +767,7 @@ def _names(pm: PluginManager, kind: str, **capabilities: Any) -> list[str]:
 def _prompt_checks(core: TrainConfig) -> list[str]:
     """Prompts to train on; and when eval prompts are given, enough eval samples for each to be sampled twice
     (in-group diversity, and the collapse monitor that reads it, compare a prompt's samples)."""
-    from gyremedia.data import read_prompts
+    from gyremedia.data import PromptFileError, read_prompts
 
     errors = []
     data = core.data
@@ -772,10 +776,13 @@ def _prompt_checks(core: TrainConfig) -> list[str]:
     blank = [i for i, p in enumerate(data.prompts) if not str(p).strip()]
     if blank:
         errors.append(f"data.prompts.{blank[0]} is blank: remove it, or write a prompt")
-    if errors or (data.prompts_file and read_prompts(data.prompts_file) is None):
-        return errors  # the file's own problem is reported by its check
+    if errors:
+        return errors
     if core.eval.prompts_file:
-        eval_prompts, key = read_prompts(core.eval.prompts_file) or [], "eval.prompts_file"
+        try:
+            eval_prompts, key = read_prompts(core.eval.prompts_file), "eval.prompts_file"
+        except PromptFileError:
+            return errors  # the file's own problem is reported by its check
     elif data.eval_prompts:
         eval_prompts, key = list(data.eval_prompts), "data.eval_prompts"
     else:

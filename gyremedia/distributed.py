@@ -10,6 +10,35 @@ from collections.abc import Callable, Iterable
 import torch
 
 
+class FailedElsewhere(RuntimeError):
+    """Another process failed where the processes meet; this one stops too, with that process's exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def raise_together(accelerator, error: BaseException | None) -> None:
+    """At a point every process reaches: raise this process's ``error``, or :class:`FailedElsewhere` when another
+    process brought one, so no process waits forever for a collective that a failed one never joins. Costs one
+    collective when every process is well, and a second (the first failure's message) when one is not."""
+    if accelerator.num_processes == 1:
+        if error is not None:
+            raise error
+        return
+    failed = accelerator.gather(torch.tensor([float(error is not None)], device=accelerator.device))
+    if not bool(failed.any()):
+        return
+    from accelerate.utils import gather_object
+
+    told = None if error is None else (f"{type(error).__name__}: {error}", getattr(error, "exit_code", 1))
+    reports = gather_object([told])
+    if error is not None:
+        raise error
+    rank, (message, code) = next((r, t) for r, t in enumerate(reports) if t is not None)
+    raise FailedElsewhere(f"process {rank} failed, so every process stops: {message}", code)
+
+
 def gather_by_sample(accelerator, sample_ids: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Gather batch-indexed tensors from all ranks, ordered by global sample id.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,10 +11,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from gyremedia.config import ResolvedConfig
+from gyremedia.config import COMPONENT_SETTINGS, ResolvedConfig, Selected
 from gyremedia.data import PromptSource
 from gyremedia.rollout import Media
-from gyremedia.scoring import MalformedRewardOutput, RewardContractError, RewardError, call_reward
+from gyremedia.scoring import Scorer
 
 
 def eval_prompts(config: ResolvedConfig) -> list[str]:
@@ -36,7 +37,8 @@ class EvalResult:
     extras: dict[str, Any] = field(default_factory=dict)  # generated (the policy's), preference: for further measurements
 
     def means(self, prefix: str = "eval/") -> dict[str, float]:
-        return {**{f"{prefix}{k}": nanmean(v) for k, v in self.scores.items()},
+        """Each score's mean over the samples it applies to; ``<reward>/dropped`` is a count, as in training."""
+        return {**{f"{prefix}{k}": float(v.sum()) if k.endswith("/dropped") else nanmean(v) for k, v in self.scores.items()},
                 f"{prefix}diversity": in_group_diversity(self.media, self.prompts)}
 
 
@@ -66,25 +68,34 @@ def nanmean(values: torch.Tensor) -> float:
     return float(values.mean()) if len(values) else math.nan
 
 
-def score(rewards: dict[str, Any], media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
-    """``{reward: score, reward/component: values}`` for every sample."""
+def score(rewards: dict[str, Any], media: Media, prompts: list[str], selected: list[Selected] = (),
+          when: str = "during evaluation") -> dict[str, torch.Tensor]:
+    """``{reward: score, reward/component: values}`` for every sample, each reward under its ``timeout`` and
+    ``on_failure`` as selected (``selected``, by name; default: fail, no timeout), as in training. A reward that
+    may drop also gives ``reward/dropped`` (1 where a failure or NaN dropped the sample's score)."""
+    by_name = {s.name: s for s in selected}
+    chosen = [by_name.get(name) or Selected("reward", name, None, COMPONENT_SETTINGS["reward"]()) for name in rewards]
+    scorer = Scorer(chosen, rewards)
+    scored = scorer.collect(scorer.submit(media, prompts), prompts, when)
     scores = {}
-    for name, reward in rewards.items():
-        try:
-            components = call_reward(reward, media, prompts)
-        except MalformedRewardOutput as exc:
-            raise RewardContractError(f"reward {name!r} {exc}") from exc
-        except Exception as exc:
-            raise RewardError(f"reward {name!r} failed during evaluation: {type(exc).__name__}: {exc}") from exc
+    for name, components in scored.components.items():
         for key, value in components.items():
             scores[name if key == "score" else f"{name}/{key}"] = value
+        if scorer.may_drop(name):
+            scores[f"{name}/dropped"] = scored.dropped[name].float()
     return scores
 
 
+def selected_rewards(config: ResolvedConfig) -> list[Selected]:
+    """The run's rewards and its gold rewards (named ``gold/<name>``, as :func:`gyremedia.runs.build_scoring`
+    builds them), with their failure policies."""
+    return [*config.rewards, *(dataclasses.replace(s, name=f"gold/{s.name}") for s in config.gold_rewards)]
+
+
 def evaluate(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any],
-             preference: torch.Tensor | None = None) -> EvalResult:
+             preference: torch.Tensor | None = None, step: int | None = None) -> EvalResult:
     """Score ``eval.samples`` fixed-seed samples of the eval prompts (cycled). A Pareto run's model is
-    evaluated at ``preference`` (default: equal weights)."""
+    evaluated at ``preference`` (default: equal weights). ``step`` names the evaluation in a reward's error."""
     ev, rollout = config.core.eval, config.core.rollout
     prompts = eval_prompts(config)
     prompts = [prompts[i % len(prompts)] for i in range(ev.samples)]
@@ -94,7 +105,9 @@ def evaluate(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[
     generated = backbone.generate(prompts, seed=ev.seed, sampler=sampler, num_steps=ev.num_steps or rollout.num_steps,
                                   guidance_scale=rollout.guidance_scale, preference=preference)
     extras = dict(generated.extras, generated=generated, preference=preference)
-    return EvalResult(prompts, generated.media, score(rewards, generated.media, prompts), extras)
+    when = "during evaluation" if step is None else f"in the step-{step} evaluation"
+    scores = score(rewards, generated.media, prompts, selected_rewards(config), when)
+    return EvalResult(prompts, generated.media, scores, extras)
 
 
 def sweep_weights(count: int, settings: int) -> torch.Tensor:

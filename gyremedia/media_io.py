@@ -4,6 +4,7 @@ files with spectrogram grids, and metric curves."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import textwrap
 from pathlib import Path
@@ -11,6 +12,22 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
+
+logger = logging.getLogger("gyremedia")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines file; a line that does not parse (half-written at a power loss or a full
+    disk) is skipped with a warning."""
+    records = []
+    for number, line in enumerate(Path(path).read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            logger.warning("%s: line %d is not a whole JSON record (a write cut short?): skipped", path, number)
+    return records
 
 
 def image_grid(images: torch.Tensor, captions: list[str], *, columns: int = 8, cell: int = 96,
@@ -111,7 +128,7 @@ def plot_metrics(metrics_file: Path, path: Path, eval_keys: list[str], keys: lis
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in Path(metrics_file).read_text().splitlines() if line.strip()]
+    records = read_jsonl(metrics_file)
     keys = keys or ["reward"]
     eval_keys = [k for k in eval_keys if any(k in r for r in records)]
     figure, axes = plt.subplots(1, 1 + bool(eval_keys), figsize=(5 + 5 * bool(eval_keys), 3.5), squeeze=False)

@@ -29,10 +29,12 @@ logger = logging.getLogger("gyremedia")
 class HackingMonitor:
     """Gold rewards, velocity drift and the proxy-up-gold-down warning at each evaluation."""
 
-    def __init__(self, settings: Any, gold: dict[str, Any], proxy: str) -> None:
-        """``proxy``: the metric key of the training reward the gold rewards are compared with."""
+    def __init__(self, settings: Any, gold: dict[str, Any], proxy: str, selected: list[Any] = ()) -> None:
+        """``proxy``: the metric key of the training reward the gold rewards are compared with; ``selected``: the
+        gold rewards' selections (their failure policies)."""
         self.settings = settings
         self.gold = gold
+        self.selected = list(selected)
         self.proxy = proxy  # metric key of the training proxy, e.g. "eval/shapes_verifier"
         self.previous: dict[str, float] | None = None
         self.first_diversity: float | None = None
@@ -44,7 +46,8 @@ class HackingMonitor:
     def on_eval(self, step: int, result: EvalResult, metrics: dict[str, float], backbone: Any,
                 guidance_scale: float) -> None:
         """Add the gold scores, drift and warnings for the evaluation at ``step`` to ``metrics``."""
-        for key, values in score(self.gold, result.media, result.prompts).items():
+        for key, values in score(self.gold, result.media, result.prompts, self.selected,
+                                 f"in the step-{step} evaluation").items():
             result.scores[f"gold/{key}"] = values  # per sample, for the run's paired base-vs-trained changes
             metrics[f"eval/gold/{key}"] = nanmean(values)
         if self.settings.drift:

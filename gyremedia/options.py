@@ -185,12 +185,15 @@ def prompts_file(value: str) -> str | None:
     """A text file with one prompt per line, at least one of them not blank."""
     from pathlib import Path
 
-    path = Path(value).expanduser()
-    if not path.is_file():
+    from gyremedia.data import PromptFileError, read_prompts
+
+    if not Path(value).expanduser().is_file():
         return "no such file: give a text file with one prompt per line"
-    if not any(line.strip() for line in path.read_text(errors="replace").splitlines()):
-        return "the file holds no prompt (it is empty or blank): write one prompt per line"
-    return None
+    try:
+        prompts = read_prompts(value)
+    except PromptFileError as exc:
+        return str(exc)
+    return None if prompts else "the file holds no prompt (it is empty or blank): write one prompt per line"
 
 
 def regular_expression(value: str) -> str | None:

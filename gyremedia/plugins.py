@@ -30,6 +30,8 @@ ESSENTIAL_PLUGIN = "gyremedia.stages"
 class PluginError(Exception):
     """A plugin could not be loaded or a component name is unknown."""
 
+    exit_code = 2
+
 
 @dataclass(frozen=True)
 class Component:

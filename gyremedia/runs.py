@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from gyremedia import checkpoint as ckpt
@@ -16,6 +19,42 @@ from gyremedia.plugins import PluginManager
 RESOLVED_CONFIG = "config.yaml"
 EXPORT_DIR = "pipeline"
 CHANGES_FILE = "heldout_changes.json"  # every eval score, last step minus step 0, with paired intervals
+
+#: Settings a resumed run may change freely (a key, or a section and everything under it): they decide how long
+#: it runs, what it reports, how often it saves and where its folder is, never what it trains. Any other change
+#: is refused unless the command names it with ``--override-resumed KEY`` (docs/errors.md).
+RESUMABLE_SETTINGS = ("train.steps", "eval", "logging", "checkpoint.every", "checkpoint.keep_last",
+                      "checkpoint.max_lost_seconds", "export", "run.output_dir")
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b.0.c": leaf}`` for a nested yaml value (an empty list or dict is a leaf)."""
+    if isinstance(value, dict) and value:
+        return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.").items()}
+    if isinstance(value, list) and value:
+        return {k: v for i, item in enumerate(value) for k, v in _flat(item, f"{prefix}{i}.").items()}
+    return {prefix.rstrip("."): value}
+
+
+def _covers(key: str, names: tuple[str, ...] | list[str]) -> bool:
+    return any(key == name or key.startswith(name + ".") for name in names)
+
+
+def check_resumed_settings(saved_yaml: str, config: ResolvedConfig, overridden: list[str], source: Path) -> list[str]:
+    """Refuse a resume whose settings differ from those ``source`` (a checkpoint) was trained with, except
+    :data:`RESUMABLE_SETTINGS` and the keys (or sections) in ``overridden``; returns the changed keys that apply.
+
+    Raises :class:`ConfigError` with one line per refused key."""
+    saved, new = (_flat(OmegaConf.to_container(OmegaConf.create(text))) for text in (saved_yaml, config.to_yaml()))
+    changed = sorted(k for k in saved.keys() | new.keys() if saved.get(k, "(unset)") != new.get(k, "(unset)"))
+    refused = [k for k in changed if not _covers(k, RESUMABLE_SETTINGS) and not _covers(k, overridden)]
+    if refused:
+        errors = [f"{k}={new.get(k, '(unset)')!r} differs from the {saved.get(k, '(unset)')!r} the run was trained "
+                  f"with ({source}): a resumed run keeps its settings; to change it anyway, add "
+                  f"--override-resumed {k}" for k in refused]
+        raise ConfigError(errors[0] if len(errors) == 1 else
+                          f"{len(errors)} settings differ from the resumed run's:\n  - " + "\n  - ".join(errors))
+    return [k for k in changed if _covers(k, overridden)]
 
 
 def run_config(run_dir: Path, overrides: list[str], pm: PluginManager) -> ResolvedConfig:
@@ -49,6 +88,36 @@ def load_trained_weights(backbone: Any, run_dir: Path, checkpoint: Path | None =
         raise ConfigError(f"{run_dir}: no complete checkpoint to load")
     backbone.load_trainable_state_dict(load_file(str(Path(checkpoint) / ckpt.WEIGHTS)))
     return checkpoint
+
+
+def refuse_to_overwrite(out_dir: Path) -> None:
+    """Refuse an export into a folder that holds anything (stale files would mix with the new model's)."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out} is not empty: export into a new folder, or add --overwrite to replace what it holds")
+
+
+def export_whole(backbone: Any, out_dir: Path, *, merge_lora: bool) -> None:
+    """``backbone.save_pretrained`` into a sibling temporary folder, then renamed into place: ``out_dir`` holds a
+    whole export, or what it held before (a crash midway leaves only the hidden temporary folder). What was in
+    ``out_dir`` is replaced whole, never mixed with the new files."""
+    out = Path(out_dir)
+    out = out if out.name else out.absolute()  # "." has no name to put a sibling beside
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp, old = out.with_name(f".{out.name}.export-tmp"), out.with_name(f".{out.name}.export-old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        backbone.save_pretrained(tmp, merge_lora=merge_lora)
+        readme = tmp / "README.md"  # its loading snippet names the folder it was written to
+        if readme.is_file():
+            readme.write_text(readme.read_text().replace(str(tmp), str(out)))
+        if out.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _context(config: ResolvedConfig, device: torch.device | None) -> BuildContext:

@@ -32,9 +32,13 @@ logger = logging.getLogger("gyremedia")
 class RewardError(RuntimeError):
     """A reward raised, timed out, or returned a non-finite or malformed score."""
 
+    exit_code = 1
+
 
 class RewardContractError(RewardError):
     """A reward returned the wrong keys or shapes: a bug in the reward, fatal under every failure policy."""
+
+    exit_code = 2
 
 
 class MalformedRewardOutput(ValueError):
@@ -121,8 +125,9 @@ class Scorer:
             futures[s.name] = (self._latest[s.name], time.monotonic())
         return futures
 
-    def collect(self, futures: dict[str, tuple[Future, float]], prompts: list[str], step: int) -> ScoredBatch:
-        """Wait for the futures of :meth:`submit` and apply the failure policies."""
+    def collect(self, futures: dict[str, tuple[Future, float]], prompts: list[str], step: int | str) -> ScoredBatch:
+        """Wait for the futures of :meth:`submit` and apply the failure policies (``step``: the step, or a stage
+        such as "in the step-25 evaluation", for the messages)."""
         components, dropped = {}, {}
         for s in self.selected:
             future, started = futures[s.name]
@@ -137,7 +142,7 @@ class Scorer:
                 scores = self._failed(s.name, step, prompts, f"no answer within timeout={timeout} s", policy)
                 failed[:] = True
             except MalformedRewardOutput as exc:  # a bug in the reward, never a flaky sample
-                raise RewardContractError(f"reward {s.name!r} (rewards) {exc}") from exc
+                raise RewardContractError(f"reward {s.name!r} {exc}") from exc
             except Exception as exc:  # noqa: BLE001 - any reward failure is reported, by policy
                 scores = self._failed(s.name, step, prompts, f"{type(exc).__name__}: {exc}", policy, exc)
                 failed[:] = True
@@ -151,13 +156,14 @@ class Scorer:
                     failed |= bad
             scores["score"] = scores["score"].masked_fill(failed, float("nan"))
             if failed.any():
-                logger.warning("reward %r dropped %d of %d samples at step %d (first prompt %r)", s.name,
-                               int(failed.sum()), len(prompts), step, prompts[int(failed.nonzero()[0])])
+                logger.warning("reward %r dropped %d of %d samples %s (first prompt %r)", s.name, int(failed.sum()),
+                               len(prompts), f"at step {step}" if isinstance(step, int) else step,
+                               prompts[int(failed.nonzero()[0])])
             components[s.name], dropped[s.name] = scores, failed
         return ScoredBatch(components, dropped)
 
     @staticmethod
-    def _failed(name: str, step: int, prompts: list[str], why: str, policy: str,
+    def _failed(name: str, step: int | str, prompts: list[str], why: str, policy: str,
                 cause: BaseException | None = None) -> dict[str, torch.Tensor]:
         """The whole call failed: raise, or return an all-NaN score to drop every sample."""
         if policy == "fail":
@@ -165,7 +171,9 @@ class Scorer:
         return {"score": torch.full((len(prompts),), float("nan"))}
 
 
-def reward_error(name: str, step: int, prompts: list[str], why: str, index: int | None = None) -> RewardError:
-    """A :class:`RewardError` naming the reward, the step and the (first) prompt concerned."""
+def reward_error(name: str, step: int | str, prompts: list[str], why: str, index: int | None = None) -> RewardError:
+    """A :class:`RewardError` naming the reward, the step (or a stage: "in the step-25 evaluation") and the
+    (first) prompt concerned."""
     where = f" on prompt {prompts[index]!r}" if index is not None else f" on prompts {prompts[:4]}"
-    return RewardError(f"reward {name!r} failed at step {step}{where}: {why}")
+    when = f"at step {step}" if isinstance(step, int) else step
+    return RewardError(f"reward {name!r} failed {when}{where}: {why}")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, wait
 from typing import Any, Callable
+
+_running: set[threading.Thread] = set()  # threads of in_own_thread that have not ended
 
 
 def in_own_thread(function: Callable[..., Any], *args: Any, after: Future | None = None,
@@ -25,13 +28,27 @@ def in_own_thread(function: Callable[..., Any], *args: Any, after: Future | None
 
     def run() -> None:
         started.wait()
-        if after is not None:
-            wait([after])
         try:
-            future.set_result(function(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
-            future.set_exception(exc)
+            if after is not None:
+                wait([after])
+            try:
+                future.set_result(function(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+                future.set_exception(exc)
+        finally:
+            _running.discard(threading.current_thread())
 
-    threading.Thread(target=run, name=name, daemon=True).start()
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    _running.add(thread)
+    thread.start()
     started.set()
     return future
+
+
+def wait_for_background(timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for every thread of :func:`in_own_thread` to end; whether they all did (a
+    reward call that hung past its ``timeout`` may never end)."""
+    deadline = time.monotonic() + timeout
+    for thread in list(_running):
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    return not any(thread.is_alive() for thread in _running)

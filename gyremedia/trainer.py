@@ -7,6 +7,7 @@ advantages over all ranks -> objective (+ regularizers) per micro-step with grad
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -30,7 +31,7 @@ from gyremedia.advantages import PromptStatTracker, distributed_group_advantages
 from gyremedia.candidates import contrastive_subset
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.data import PromptSource
-from gyremedia.distributed import average_gradients, global_nanmeans, host_floats, means_over_ranks
+from gyremedia.distributed import average_gradients, global_nanmeans, host_floats, means_over_ranks, raise_together
 from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext, RolloutRequest
 from gyremedia.plugins import PluginManager, call_each
 from gyremedia.media_io import plot_metrics, plot_pareto_front
@@ -38,7 +39,7 @@ from gyremedia.monitor import HackingMonitor
 from gyremedia.rollout import Rollout
 from gyremedia.sampling import KeptForwards, stochastic_steps
 from gyremedia.state import TrainState
-from gyremedia.runs import CHANGES_FILE, EXPORT_DIR, RESOLVED_CONFIG
+from gyremedia.runs import CHANGES_FILE, EXPORT_DIR, RESOLVED_CONFIG, check_resumed_settings, export_whole
 from gyremedia.scoring import RewardError, Scorer, reward_error  # noqa: F401 - RewardError is part of the API
 from gyremedia.streams import Stream, stream_rng
 
@@ -47,6 +48,8 @@ logger = logging.getLogger("gyremedia")
 
 class NonFiniteLoss(RuntimeError):
     """A loss term or the gradient was NaN or inf: the run stopped before that update."""
+
+    exit_code = 1
 
     def __init__(self, step: int, terms: list[str], last_checkpoint: int | None) -> None:
         saved = (f"the last checkpoint ({ckpt.checkpoint_name(last_checkpoint)}) holds finite weights"
@@ -135,6 +138,9 @@ def resolve_sharding(config: ResolvedConfig, accelerator: Any, plugins: PluginMa
     return True
 
 
+#: Steps over which a reward's share of dropped samples is measured against its ``max_dropped``.
+DROP_WINDOW = 10
+
 #: Device types with PyTorch's fused AdamW kernel (torch checks only at the first step, so it is decided here).
 FUSED_ADAMW_DEVICES = frozenset({"cpu", "cuda", "xpu", "mps"})
 
@@ -158,7 +164,7 @@ class Trainer:
     """Builds the selected components and runs the loop; ``Trainer(config, pm).train()``."""
 
     def __init__(self, config: ResolvedConfig, plugins: PluginManager, *, resume: bool = False,
-                 accelerator: Any = None) -> None:
+                 override_resumed: list[str] | tuple[str, ...] = (), accelerator: Any = None) -> None:
         self.config = config
         self.core = config.core
         self.accelerator = accelerator or _create_accelerator()
@@ -171,6 +177,7 @@ class Trainer:
         self.run_dir = Path(self.core.run.output_dir)
         self.resume = resume
         self._refuse_to_overwrite()
+        self._overridden = self._check_resumed_settings(override_resumed) if resume else []
         self.state = TrainState(config=config, accelerator=self.accelerator, run_dir=self.run_dir, plugins=plugins)
         self.prompts = PromptSource(self.core.data.prompts, self.core.data.prompts_file)
         # With async scoring: the next step's rollout, sampled and being scored. Not checkpointed: a
@@ -182,6 +189,8 @@ class Trainer:
         self._nonfinite_skipped = 0
         self._eval_scores: dict[int, dict[str, torch.Tensor]] = {}  # per-sample scores at step 0 and the last step
         self._signal: int | None = None  # the first SIGTERM / SIGINT received
+        self._dropped: dict[str, collections.deque] = {}  # each dropping reward's counts over the last steps
+        self._finishing = False  # every step done: plotting and exporting
 
     # ------------------------------------------------------------------ set-up
 
@@ -192,6 +201,21 @@ class Trainer:
                 f"`gyremedia train --resume {self.run_dir}` or set run.output_dir to a new folder"
             )
 
+    def _check_resumed_settings(self, overridden: list[str] | tuple[str, ...]) -> list[str]:
+        """Before any model loads: refuse settings that differ from those the newest checkpoint was trained with
+        (see :func:`gyremedia.runs.check_resumed_settings`); returns the changed keys ``overridden`` lets through."""
+        newest = ckpt.latest_checkpoint(self.run_dir, warn=False)
+        saved = ckpt.saved_config(newest) if newest is not None else None
+        source = newest
+        if saved is None and (self.run_dir / RESOLVED_CONFIG).is_file():  # a checkpoint written before 2026-12
+            saved, source = (self.run_dir / RESOLVED_CONFIG).read_text(), self.run_dir / RESOLVED_CONFIG
+        if saved is None:
+            return []
+        changed = check_resumed_settings(saved, self.config, list(overridden), source)
+        if changed:
+            logger.warning("resuming with changed settings (--override-resumed): %s", ", ".join(changed))
+        return changed
+
     def setup(self) -> TrainState:
         """Write the resolved config, build components, prepare with accelerate, maybe resume."""
         from accelerate.utils import set_seed
@@ -199,7 +223,7 @@ class Trainer:
         acc, state = self.accelerator, self.state
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / RESOLVED_CONFIG).write_text(self.config.to_yaml())
+            ckpt.write_atomically(self.run_dir / RESOLVED_CONFIG, self.config.to_yaml().encode())
         acc.wait_for_everyone()
         set_seed(self.core.run.seed, device_specific=True)
         state.plugins.hook.gyremedia_configure(config=self.config, accelerator=acc)
@@ -219,7 +243,7 @@ class Trainer:
         adv = self.core.advantage
         self.stat_tracker = PromptStatTracker(adv.history, adv.min_count, adv.std, adv.eps) if adv.history else None
         self.monitor = HackingMonitor(self.core.monitor, {s.name: state.plugins.build(s, context) for s in self.config.gold_rewards},
-                                      proxy=f"eval/{self.config.rewards[0].name}")
+                                      proxy=f"eval/{self.config.rewards[0].name}", selected=self.config.gold_rewards)
         state.regularizers = {s.name: state.plugins.build(s, context) for s in self.config.regularizers}
         state.loggers = [state.plugins.build(s, context) for s in self.config.loggers] if acc.is_main_process else []
         components = [state.objective, *state.regularizers.values(), self.monitor]
@@ -270,8 +294,8 @@ class Trainer:
     def _read_checkpoint(self) -> ckpt.LoadedCheckpoint | None:
         """The newest checkpoint that reads whole (damaged newer ones are skipped, with a warning)."""
         loaded = ckpt.read_latest_checkpoint(self.accelerator, self.run_dir)
-        if loaded is None:
-            logger.warning("no usable checkpoint in %s: starting from step 0", self.run_dir)
+        if loaded is None:  # stopped before its first checkpoint (a run whose checkpoints are all damaged raises)
+            logger.warning("no checkpoint in %s yet: starting from step 0", self.run_dir)
         elif bool(loaded.state.get("sharded", False)) != self.sharded:
             saved = "sharded" if loaded.state.get("sharded") else "unsharded"
             how = (f"on {loaded.state['num_processes']} processes with train.sharding=fsdp2" if loaded.state.get("sharded")
@@ -290,12 +314,24 @@ class Trainer:
             load_optimizer = state.optimizer.load_state_dict
         ckpt.apply_checkpoint(loaded, load_optimizer=load_optimizer, scheduler=state.lr_scheduler,
                               process_index=acc.process_index)
+        self._apply_optimizer_settings()
         for name, component in self._stateful_components().items():
             component.load_state_dict(loaded.state["components"].get(name, {}))
         state.step = loaded.state["step"]
         state.plugins.hook.gyremedia_on_load_checkpoint(state=state, path=loaded.path,
                                                         plugin_state=loaded.state.get("plugins", {}))
         logger.info("resumed from %s at step %d", loaded.path, state.step)
+
+    def _apply_optimizer_settings(self) -> None:
+        """The config's AdamW settings and LR schedule over the restored optimizer state (which carries the ones
+        it was saved with): unchanged, this rewrites the same values; changed with ``--override-resumed``, the new
+        ones apply from the restored step on."""
+        train, optimizer, schedule = self.core.train, self.state.optimizer, self.state.lr_scheduler
+        schedule.base_lrs = [train.learning_rate] * len(optimizer.param_groups)
+        for group, factor in zip(optimizer.param_groups, schedule.lr_lambdas):
+            group.update(initial_lr=train.learning_rate, lr=train.learning_rate * factor(schedule.last_epoch),
+                         betas=(train.adam_beta1, train.adam_beta2), weight_decay=train.weight_decay)
+        schedule._last_lr = [group["lr"] for group in optimizer.param_groups]
 
     # ------------------------------------------------------------------ one step
 
@@ -372,8 +408,13 @@ class Trainer:
         state, r = self.state, self.core.rollout
         pool = self.candidate_pool(request, r.candidate_steps)
         candidates = state.backbone.collect_rollout(pool, self.eval_sampler)
-        scored = self.scorer.collect(self.scorer.submit(state.backbone.media(candidates), pool.prompts), pool.prompts,
-                                     request.step)
+        scored = error = None
+        try:
+            scored = self.scorer.collect(self.scorer.submit(state.backbone.media(candidates), pool.prompts),
+                                         pool.prompts, request.step)
+        except Exception as exc:  # noqa: BLE001 - re-raised on every process
+            error = exc
+        raise_together(self.accelerator, error)
         candidates.rewards = {name: scores["score"] for name, scores in scored.components.items()}
         matrix, weights = self.weighted_rewards(candidates)
         totals = matrix.double() @ weights.double()
@@ -391,28 +432,51 @@ class Trainer:
     def score(self, rollout: Rollout, step: int, futures: dict[str, Any] | None = None) -> dict[str, float]:
         """Wait for every reward (failure policies applied); set ``rollout.rewards`` and ``rollout.reward``."""
         state, acc = self.state, self.accelerator
-        scored = self.scorer.collect(futures if futures is not None else self.start_scoring(rollout),
-                                     rollout.prompts, step)
-        per_sample, dropped = {}, torch.zeros(len(rollout), dtype=torch.bool)
-        for name, scores in scored.components.items():
-            rollout.rewards[name] = scores.pop("score").to(acc.device)
-            dropped |= scored.dropped[name]
-            per_sample.update({f"reward/{name}/{k}": v for k, v in scores.items()})
-            if self.scorer.may_drop(name):
-                per_sample[f"reward/{name}/dropped"] = scored.dropped[name].float()
-        state.plugins.hook.gyremedia_process_rewards(state=state, rollout=rollout, rewards=rollout.rewards)
-        for name, values in rollout.rewards.items():
-            bad = (~torch.isfinite(values.cpu()) & ~dropped).nonzero().flatten()
-            if len(bad):
-                raise reward_error(name, step, rollout.prompts, f"the score after gyremedia_process_rewards is "
-                                   f"{values[bad[0]].item()}", int(bad[0]))
+        per_sample, dropped, error = {}, torch.zeros(len(rollout), dtype=torch.bool), None
+        try:  # this process's rewards; a failure here stops every process (raise_together), not this one alone
+            scored = self.scorer.collect(futures if futures is not None else self.start_scoring(rollout),
+                                         rollout.prompts, step)
+            for name, scores in scored.components.items():
+                rollout.rewards[name] = scores.pop("score").to(acc.device)
+                dropped |= scored.dropped[name]
+                per_sample.update({f"reward/{name}/{k}": v for k, v in scores.items()})
+                if self.scorer.may_drop(name):
+                    per_sample[f"reward/{name}/dropped"] = scored.dropped[name].float()
+            state.plugins.hook.gyremedia_process_rewards(state=state, rollout=rollout, rewards=rollout.rewards)
+            for name, values in rollout.rewards.items():
+                bad = (~torch.isfinite(values.cpu()) & ~dropped).nonzero().flatten()
+                if len(bad):
+                    raise reward_error(name, step, rollout.prompts, f"the score after gyremedia_process_rewards is "
+                                       f"{values[bad[0]].item()}", int(bad[0]))
+        except Exception as exc:  # noqa: BLE001 - re-raised below, on every process
+            error = exc
+        raise_together(acc, error)
         matrix, weights = self.weighted_rewards(rollout)
         rollout.reward = (matrix * weights.to(matrix.device)).sum(dim=1)
         per_sample.update({f"reward/{name}": v for name, v in rollout.rewards.items()})
         metrics = global_nanmeans(acc, per_sample)
         for key in [k for k in metrics if k.endswith("/dropped")]:
             metrics[key] *= self.core.rollout.batch_size  # a count over the whole batch, not a share
+        self._stop_if_dropping_too_many(metrics, step)
         return metrics
+
+    def _stop_if_dropping_too_many(self, metrics: dict[str, float], step: int) -> None:
+        """Stop (every process alike: the counts are global) when a reward with ``on_failure: drop`` dropped more
+        than its ``max_dropped`` share of the samples over the last :data:`DROP_WINDOW` steps: a reward server that
+        is down would otherwise drop every sample while the weights still move (momentum, weight decay)."""
+        for i, selected in enumerate(self.config.rewards):
+            count = metrics.get(f"reward/{selected.name}/dropped")
+            if count is None:
+                continue
+            window = self._dropped.setdefault(selected.name, collections.deque(maxlen=DROP_WINDOW))
+            window.append(count)
+            share = sum(window) / (len(window) * self.core.rollout.batch_size)
+            if share > selected.settings.max_dropped:
+                raise RewardError(
+                    f"reward {selected.name!r} dropped {sum(window):.0f} of {len(window) * self.core.rollout.batch_size} "
+                    f"samples over the last {len(window)} step(s) up to step {step}, more than "
+                    f"rewards.{i}.max_dropped={selected.settings.max_dropped} allows: is it reachable (a server down?); "
+                    f"raise max_dropped to train on through such failures")
 
     def weighted_rewards(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
         """The scores ``[B, R]`` (one column per reward) and their weights: ``[R]``, or ``[B, R]`` in a
@@ -563,22 +627,26 @@ class Trainer:
         main one reports."""
         state, main = self.state, self.accelerator.is_main_process
         metrics: dict[str, float] = {}
-        if main or self.sharded:
-            result = evaluation.evaluate(self.config, state.backbone, self.eval_sampler, state.rewards)
-            metrics = result.means()
-            self.monitor.on_eval(step, result, metrics, state.backbone, self.core.rollout.guidance_scale)
-            if self.core.pareto.enabled and step == self.core.train.steps:
-                metrics.update(self._pareto_front())
-        if main:
-            name = "before" if step == 0 else "after" if step == self.core.train.steps else f"step-{step:06d}"
-            evaluation.save_grid(result.media, result.prompts, self.run_dir / "samples" / f"{name}.png",
-                                 self.core.eval.grid_size)
-            if step == 0:
-                self._base_metrics = metrics
-            if step in (0, self.core.train.steps):
-                self._eval_scores[step] = dict(result.scores)
-            state.plugins.hook.gyremedia_on_eval(state=state, media=result.media, metrics=metrics)
-        self.accelerator.wait_for_everyone()
+        error = None
+        try:  # the other processes wait at raise_together, which also tells them if this failed
+            if main or self.sharded:
+                result = evaluation.evaluate(self.config, state.backbone, self.eval_sampler, state.rewards, step=step)
+                metrics = result.means()
+                self.monitor.on_eval(step, result, metrics, state.backbone, self.core.rollout.guidance_scale)
+                if self.core.pareto.enabled and step == self.core.train.steps:
+                    metrics.update(self._pareto_front())
+            if main:
+                name = "before" if step == 0 else "after" if step == self.core.train.steps else f"step-{step:06d}"
+                evaluation.save_grid(result.media, result.prompts, self.run_dir / "samples" / f"{name}.png",
+                                     self.core.eval.grid_size)
+                if step == 0:
+                    self._base_metrics = metrics
+                if step in (0, self.core.train.steps):
+                    self._eval_scores[step] = dict(result.scores)
+                state.plugins.hook.gyremedia_on_eval(state=state, media=result.media, metrics=metrics)
+        except Exception as exc:  # noqa: BLE001 - re-raised on every process
+            error = exc
+        raise_together(self.accelerator, error)
         return metrics
 
     def _pareto_front(self) -> dict[str, float]:
@@ -614,7 +682,7 @@ class Trainer:
         path = ckpt.save_checkpoint(
             self.accelerator, self.run_dir, state.step, weights=state.backbone.trainable_state_dict(),
             optimizer_state=optimizer_state, scheduler=state.lr_scheduler, plugin_state=plugin_state,
-            keep_last=self.core.checkpoint.keep_last, sharded=self.sharded,
+            keep_last=self.core.checkpoint.keep_last, sharded=self.sharded, config_yaml=self.config.to_yaml(),
             component_state={name: c.state_dict() for name, c in self._stateful_components().items()},
         )
         self._last_save = (state.step, time.monotonic())
@@ -645,7 +713,8 @@ class Trainer:
         if changes:
             (self.run_dir / CHANGES_FILE).write_text(json.dumps(changes, indent=1))
         if self.core.export.on_train_end:
-            self.state.backbone.save_pretrained(self.run_dir / EXPORT_DIR, merge_lora=self.core.export.merge_lora)
+            # the run's own export folder: replaced whole (a resumed run that trained longer exports again)
+            export_whole(self.state.backbone, self.run_dir / EXPORT_DIR, merge_lora=self.core.export.merge_lora)
             logger.info("exported the trained pipeline to %s", self.run_dir / EXPORT_DIR)
 
     def _heldout_changes(self) -> dict[str, dict[str, float]]:
@@ -692,7 +761,13 @@ class Trainer:
                     if stop:
                         checkpoint = self.run_dir / ckpt.CHECKPOINT_DIR / ckpt.checkpoint_name(state.step)
                         raise Interrupted(self._signal or signal.SIGTERM, state.step, checkpoint, self.run_dir)
-            self.finish()
+                self._finishing = True  # a signal now lets the export finish (the last checkpoint is written)
+                error = None
+                try:
+                    self.finish()
+                except Exception as exc:  # noqa: BLE001 - re-raised on every process
+                    error = exc
+                raise_together(acc, error)
             state.plugins.hook.gyremedia_on_train_end(state=state)
         except BaseException as exc:
             state.plugins.hook.gyremedia_on_exception(state=state, exc=exc)
@@ -728,6 +803,10 @@ class Trainer:
                 sys.stderr.write(f"gyremedia: second {name}: exiting now, without a checkpoint\n")
                 os._exit(128 + signum)
             self._signal = signum
+            if self._finishing:
+                logger.warning("%s received during the end-of-run export: finishing it (every step is trained and "
+                               "checkpointed; send it again to exit at once)", name)
+                return
             logger.warning("%s received: finishing step %d, then writing a checkpoint and stopping "
                            "(send it again to exit at once)", name, self.state.step + 1)
 

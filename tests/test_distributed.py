@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,29 @@ def test_a_token_policy_on_two_processes_matches_one(llm_yaml, tmp_path):
     torch.testing.assert_close(advantages, torch.tensor(single["steps"][0]["advantages"]), rtol=0, atol=1e-6)
     assert advantages[4:8].abs().sum() > 0 and abs(advantages[4:8].mean().item()) < 1e-6
     assert ranks[0]["weights"] == ranks[1]["weights"]  # after two updates, bit-identical replicas
+
+
+@pytest.mark.slow
+def test_a_reward_failing_on_one_process_stops_every_process_with_the_reward_named(tiny_yaml, tmp_path):
+    """Rank 1's reward raises at step 2: both processes exit non-zero within a minute, each naming the reward, and
+    the checkpoint of step 2 (the last finished step) is intact."""
+    from gyremedia.checkpoint import latest_checkpoint, list_checkpoints
+
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               str(WORKER.with_name("reward_failure_worker.py")), "1", "2", "raise", "train", str(tiny_yaml),
+               f"run.output_dir={run}", "rewards=[fails_at_step]", "rollout.batch_size=12", "rollout.group_size=4",
+               "eval.samples=4", "train.steps=4", "checkpoint.every=1"]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    start = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode != 0 and time.monotonic() - start < 60
+    errors = sorted(line for line in done.stderr.splitlines() if line.startswith("gyremedia: error:"))
+    assert len(errors) == 2, done.stderr[-3000:]
+    failed = "reward 'fails_at_step' failed at step 2 on prompts "
+    assert errors[0].startswith("gyremedia: error: process 1 failed, so every process stops: RewardError: " + failed)
+    assert errors[1].startswith("gyremedia: error: " + failed)
+    assert all(e.endswith("ConnectionError: judge unreachable") for e in errors)
+    assert [p.name for p in list_checkpoints(run)][-1] == "step-000002"
+    assert latest_checkpoint(run) == run / "checkpoints" / "step-000002"

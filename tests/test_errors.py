@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import gyremedia.trainer
-from gyremedia.cli import main
+from gyremedia.cli import DEFAULT_CONFIG, bundled_config, main
+from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager
 
 DOC = Path(__file__).parents[1] / "docs" / "errors.md"
@@ -51,12 +52,16 @@ def workdir(tmp_path, monkeypatch):
 
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "blank.txt").write_text("\n   \n\n")
+    (tmp_path / "latin1.txt").write_bytes("a red circle\ncafé au lait\n".encode("latin-1"))
     (tmp_path / "notarun").mkdir()
     old = tmp_path / "runs" / "old" / "checkpoints" / "step-000001"
     old.mkdir(parents=True)
     (old / "trainer_state.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
+    quickstart = resolve_config(load_config(bundled_config(DEFAULT_CONFIG), ["run.output_dir=runs/old"]), PluginManager())
+    (old.parents[1] / "config.yaml").write_text(quickstart.to_yaml())
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
 
     def refuse(*args, **kwargs):
         raise AssertionError("a component was built: the error came too late")
@@ -101,3 +106,25 @@ def test_a_reward_that_breaks_the_contract_stops_the_run_with_the_contract(tiny_
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "gyremedia: error: reward 'colorful' returned keys ['colorfulness'] without a 'score': a reward returns a "
         "Tensor[B], or a dict of Tensor[B] holding a 'score' (its other entries are logged as components)")
+
+
+@pytest.mark.slow
+def test_a_failing_reward_exits_with_the_same_code_every_time(tmp_path):
+    """The quickstart with a reward that scores NaN at step 1, five times: exit 1 each time. Its prompt prefetch
+    thread, still encoding at exit, used to abort the interpreter's teardown (exit 134) in most runs."""
+    import subprocess
+    import sys
+
+    worker = Path(__file__).with_name("reward_failure_worker.py")
+    codes, lines = [], []
+    for attempt in range(5):
+        done = subprocess.run(
+            [sys.executable, str(worker), "0", "1", "nan", "train", "quickstart", f"run.output_dir={tmp_path / str(attempt)}",
+             "rewards=[fails_at_step]", "eval.metric=fails_at_step", "rollout.batch_size=16", "rollout.num_steps=4",
+             "eval.prompts_file=null", "data.eval_prompts=[a red circle, a blue square]", "eval.samples=4",
+             "train.steps=3", "logging.progress=false"], capture_output=True, text=True, timeout=300)
+        codes.append(done.returncode)
+        lines.append(done.stderr.strip().splitlines()[-1])
+    assert codes == [1] * 5, lines
+    assert all(line.startswith("gyremedia: error: reward 'fails_at_step' failed at step 1 on prompt ") and
+               line.endswith("'score' is nan") for line in lines), lines

@@ -51,3 +51,32 @@ def test_in_group_diversity_is_zero_for_identical_answers_and_grows_with_spread(
     texts = Media("text", ["x", "y", "z", "z", "z", "w"])
     assert in_group_diversity(texts, ["a", "a", "b", "b", "b", "c"]) == pytest.approx((1.0 + 0.0) / 2)
     assert math.isnan(in_group_diversity(Media("text", ["x"]), ["a"]))
+
+
+def test_evaluation_applies_each_rewards_timeout_and_failure_policy_and_counts_what_it_drops():
+    import time
+
+    from gyremedia.config import RewardSettings, Selected
+    from gyremedia.evaluation import EvalResult, score
+    from gyremedia.scoring import RewardError
+
+    class Half:
+        def __call__(self, media, prompts):
+            return torch.tensor([0.1, math.nan, 0.3, math.nan])
+
+    class Hangs:
+        def __call__(self, media, prompts):
+            time.sleep(3)
+            return torch.zeros(len(prompts))
+
+    media, prompts = Media("image", torch.rand(4, 3, 8, 8)), [f"p{i}" for i in range(4)]
+    drop = [Selected("reward", "half", None, RewardSettings(on_failure="drop")),
+            Selected("reward", "slow", None, RewardSettings(on_failure="drop", timeout=0.2))]
+    start = time.monotonic()
+    scores = score({"half": Half(), "slow": Hangs()}, media, prompts, drop)
+    assert time.monotonic() - start < 2  # the timeout applies
+    assert scores["half/dropped"].tolist() == [0, 1, 0, 1] and scores["slow/dropped"].tolist() == [1, 1, 1, 1]
+    means = EvalResult(prompts, media, scores).means()
+    assert (means["eval/half"], means["eval/half/dropped"], means["eval/slow/dropped"]) == (pytest.approx(0.2), 2.0, 4.0)
+    with pytest.raises(RewardError, match=r"^reward 'half' failed in the step-5 evaluation on prompt 'p1': 'score' is nan"):
+        score({"half": Half()}, media, prompts, [], "in the step-5 evaluation")  # fail, the default

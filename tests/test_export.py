@@ -80,3 +80,46 @@ def test_exported_pipeline_loads_in_stock_diffusers_and_matches_our_samples(tiny
         np.testing.assert_allclose(stock(tmp_path, base, tmp_path / "adapters"), expected, atol=2e-4)
     else:
         assert main(["export", str(run), str(tmp_path / "adapters"), "--lora-only"]) == 2
+
+
+def test_an_export_refuses_a_folder_that_holds_files_and_replaces_it_whole_when_told(tiny_yaml, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", str(tiny_yaml), "train.steps=1"]) == 0
+    out = tmp_path / "exported"
+    out.mkdir()
+    (out / "unet_lora").mkdir()  # a stale file another export left
+    assert main(["export", str(run), str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gyremedia: error: {out} is not empty: export into a new folder, or add --overwrite to replace what it holds")
+    assert main(["export", str(run), str(out), "--overwrite"]) == 0
+    assert not (out / "unet_lora").exists() and (out / "model_index.json").is_file()
+    assert str(out) in (out / "README.md").read_text()  # names where it is, not the folder it was written in
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "run", "tiny.yaml"]  # nothing left beside it
+
+
+def test_a_sigterm_during_the_end_of_run_export_lets_it_finish(make_config, monkeypatch, caplog):
+    """The signal handler stays through the export: the run ends with a whole pipeline, not killed midway."""
+    import logging
+    import signal
+
+    from gyremedia.backbones.flow_matching import FlowMatchingBackbone
+    from gyremedia.trainer import Trainer
+
+    leaked = []
+    previous = signal.signal(signal.SIGTERM, lambda *args: leaked.append(args))
+    real_save = FlowMatchingBackbone.save_pretrained
+
+    def preempted_midway(self, out_dir, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        real_save(self, out_dir, **kwargs)
+
+    monkeypatch.setattr(FlowMatchingBackbone, "save_pretrained", preempted_midway)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gyremedia"):
+            state = Trainer(make_config("train.steps=1", "export.on_train_end=true"), PluginManager()).train()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not leaked
+    assert "SIGTERM received during the end-of-run export: finishing it" in caplog.text
+    assert (state.run_dir / "pipeline" / "model_index.json").is_file()
+

@@ -269,7 +269,7 @@ def test_lifecycle_hooks_are_called_in_order(make_config, tmp_path):
 
     resumed = Recorder()
     pm = PluginManager(extra_plugins=[resumed, ShapedRewardPlugin])
-    Trainer(make_config("rewards.0.name=shaped", "train.steps=3", plugins=pm), pm, resume=True).train()
+    Trainer(make_config("rewards.0.name=shaped", "rewards.0.bonus=1.0", "train.steps=3", plugins=pm), pm, resume=True).train()
     assert resumed.saved_state["Recorder"] == {"saved_at": 2}
 
 
@@ -611,3 +611,25 @@ def test_processes_launched_together_but_running_alone_are_refused(make_config, 
     assert resolve_sharding(make_config(), fsdp, PluginManager())  # train.sharding=auto follows the launch
     with pytest.raises(ConfigError, match="train.sharding=none on an FSDP launch: launch with configs/accelerate/ddp.yaml"):
         resolve_sharding(make_config("train.sharding=none"), fsdp, PluginManager())  # accelerate would shard it
+
+
+class DeadServerPlugin:
+    """A reward whose server is down: every training call fails."""
+
+    @staticmethod
+    @hookimpl
+    def gyremedia_register_rewards(register):
+        def unreachable(media, prompts):
+            raise ConnectionError("judge unreachable")
+
+        register("dead", lambda context: unreachable, kinds={"image"})
+
+
+def test_a_reward_that_drops_more_than_its_share_stops_the_run(make_config):
+    """on_failure=drop with a server down: the run stops at the first step instead of training on nothing."""
+    pm = PluginManager(extra_plugins=[DeadServerPlugin])
+    config = make_config("rewards.0.name=dead", "rewards.0.on_failure=drop", "eval.every=0", plugins=pm)
+    with pytest.raises(RewardError, match=r"^reward 'dead' dropped 8 of 8 samples over the last 1 step\(s\) up to step 0, "
+                                          r"more than rewards.0.max_dropped=0.5 allows"):
+        Trainer(config, pm).train()
+    assert not (config.core.run.output_dir and list_checkpoints(config.core.run.output_dir))

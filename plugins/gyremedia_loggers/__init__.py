@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from gyremedia import hookimpl
+from gyremedia.checkpoint import write_atomically
+from gyremedia.media_io import read_jsonl
 from gyremedia.options import option
 
 
@@ -19,7 +22,8 @@ class JsonlOptions:
 class JsonlLogger:
     """Appends one JSON object per logged step to ``RUN_DIR/metrics.jsonl``.
 
-    On resume it drops the lines logged after the checkpoint, so the file reads as one clean run.
+    Each record is one write of a whole line, flushed to the disk. On resume it drops the lines logged after
+    the checkpoint, and any line cut short by a crash, and rewrites the file whole, so it reads as one clean run.
     """
 
     def __init__(self, options: JsonlOptions, context) -> None:
@@ -31,6 +35,7 @@ class JsonlLogger:
             self._file = self.path.open("a")
         self._file.write(json.dumps({"step": step, **metrics}) + "\n")
         self._file.flush()
+        os.fsync(self._file.fileno())
 
     def close(self) -> None:
         if self._file is not None:
@@ -41,9 +46,8 @@ class JsonlLogger:
     def gyremedia_on_load_checkpoint(self, state, path, plugin_state) -> None:
         if not self.path.is_file():
             return
-        lines = self.path.read_text().splitlines()
-        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= state.step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        kept = [r for r in read_jsonl(self.path) if isinstance(r, dict) and r.get("step", 0) <= state.step]
+        write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in kept).encode())
 
 
 @hookimpl

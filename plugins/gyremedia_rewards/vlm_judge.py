@@ -7,11 +7,16 @@ same client is an LLM judge. The first number in the reply, divided by ``max_sco
 are retried with exponential backoff. A sample whose retries run out gets a NaN score, which the
 reward's ``on_failure`` policy turns into a clear error (``fail``) or a dropped sample (``drop``).
 Start a judge with e.g. ``vllm serve Qwen/Qwen2.5-VL-7B-Instruct`` and point ``base_url`` at it.
+
+The API key (from ``api_key_env``) goes only over https or to this machine (loopback), unless the yaml sets
+``allow_insecure_key``; it is never forwarded when the server redirects to another host. A server elsewhere
+needs its key set before the run starts (checked with the config), or ``api_key_env: ""`` for one that takes none.
 """
 
 from __future__ import annotations
 
 import base64
+import ipaddress
 import io
 import json
 import logging
@@ -20,6 +25,7 @@ import os
 import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,7 +35,7 @@ import torch
 from PIL import Image
 
 from gyremedia.interfaces import BuildContext
-from gyremedia.options import option, regular_expression
+from gyremedia.options import OptionError, option, regular_expression
 from gyremedia.rollout import Media
 
 logger = logging.getLogger("gyremedia")
@@ -40,7 +46,10 @@ class VlmJudgeOptions:
     base_url: str = option("http://127.0.0.1:8000/v1", help="the server's OpenAI-compatible root",
                            check=lambda v: None if v.startswith(("http://", "https://")) else "give an http(s):// URL")
     model: str = option("Qwen/Qwen2.5-VL-7B-Instruct", help="the model name the server serves")
-    api_key_env: str = option("OPENAI_API_KEY", help="environment variable holding the key (keys never go in a yaml)")
+    api_key_env: str = option("OPENAI_API_KEY", help="environment variable holding the key (keys never go in a yaml); "
+                              "empty for a server elsewhere that takes no key")
+    allow_insecure_key: bool = option(False, help="send the key over plain http to a host other than this machine "
+                                      "(anyone on the way can read it)")
     rubric: str = option("Does this image match the description: \"{prompt}\"? Rate it from 0 (not at all) to 10 "
                          "(perfectly). Answer with the number only.", help="the question; {prompt} is the sample's prompt",
                          check=lambda v: None if "{prompt}" in v else "must contain {prompt}, where the sample's prompt goes")
@@ -57,6 +66,42 @@ class VlmJudgeOptions:
     backoff: float = option(1.0, ge=0, help="seconds before the first retry, doubled after each")
     max_tokens: int = option(16, ge=1, help="longest reply")
     temperature: float = option(0.0, ge=0, help="the judge's sampling temperature")
+
+    def validate(self) -> None:
+        """A server elsewhere gets its key before any model loads, and only over https unless the yaml opts in."""
+        url = urllib.parse.urlsplit(self.base_url)
+        if is_loopback(url.hostname or ""):
+            return
+        if self.api_key_env and not os.environ.get(self.api_key_env):
+            raise OptionError("api_key_env", f"{self.api_key_env} is not set, and base_url={self.base_url} is not on "
+                                             f"this machine: export {self.api_key_env}=<key> before the run, or set "
+                                             "api_key_env to '' for a server that takes no key")
+        if self.api_key_env and url.scheme != "https" and not self.allow_insecure_key:
+            raise OptionError("base_url", f"{self.base_url} would send the key in {self.api_key_env} unencrypted to "
+                                          "another machine: use https://, or set allow_insecure_key: true")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine: ``localhost`` or a loopback address (127.0.0.0/8, ::1)."""
+    if host.lower() in ("localhost", "localhost.localdomain") or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class KeepKeyOnSameHost(urllib.request.HTTPRedirectHandler):
+    """Follows redirects, dropping the ``Authorization`` header when one leads to another host or scheme
+    (urllib forwards it everywhere by default)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        before, after = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
+        if new is not None and (before.scheme, before.netloc) != (after.scheme, after.netloc):
+            new.headers = {k: v for k, v in new.headers.items() if k.lower() != "authorization"}
+            new.unredirected_hdrs = {k: v for k, v in new.unredirected_hdrs.items() if k.lower() != "authorization"}
+        return new
 
 
 
@@ -81,7 +126,8 @@ class VlmJudge:
         self.options = options
         self.pattern = re.compile(options.score_pattern)
         self.url = options.base_url.rstrip("/") + "/chat/completions"
-        self.api_key = os.environ.get(options.api_key_env, "")
+        self.api_key = os.environ.get(options.api_key_env, "") if options.api_key_env else ""
+        self._opener = urllib.request.build_opener(KeepKeyOnSameHost)
 
     def message(self, prompt: str, sample: torch.Tensor | str) -> list[dict]:
         """The user message's content for one sample: the image and the rubric, or the text rubric."""
@@ -101,7 +147,7 @@ class VlmJudge:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         request = urllib.request.Request(self.url, json.dumps(body).encode(), headers, method="POST")
-        with urllib.request.urlopen(request, timeout=self.options.request_timeout) as response:
+        with self._opener.open(request, timeout=self.options.request_timeout) as response:
             reply = json.loads(response.read())
         try:
             return reply["choices"][0]["message"]["content"] or ""

@@ -98,3 +98,75 @@ def test_text_answers_are_judged_as_an_llm_judge(server):
     reward = judge(server)
     scores = reward(Media("text", ["one two three", "a b c d e f g"]), ["count", "letters"])["score"]
     torch.testing.assert_close(scores, torch.tensor([0.3, 0.7]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("url,env,extra,error", [
+    ("http://127.0.0.1:8000/v1", {}, {}, None),  # a keyless local server stays the default
+    ("http://localhost:8000/v1", {"OPENAI_API_KEY": "k"}, {}, None),
+    ("https://judge.example.com/v1", {}, {},
+     "api_key_env='OPENAI_API_KEY': OPENAI_API_KEY is not set, and base_url=https://judge.example.com/v1 is not on this "
+     "machine: export OPENAI_API_KEY=<key> before the run, or set api_key_env to '' for a server that takes no key"),
+    ("https://judge.example.com/v1", {"OPENAI_API_KEY": "k"}, {}, None),
+    ("http://10.1.2.3:8000/v1", {"OPENAI_API_KEY": "k"}, {},
+     "base_url='http://10.1.2.3:8000/v1': http://10.1.2.3:8000/v1 would send the key in OPENAI_API_KEY unencrypted to "
+     "another machine: use https://, or set allow_insecure_key: true"),
+    ("http://10.1.2.3:8000/v1", {"OPENAI_API_KEY": "k"}, {"allow_insecure_key": True}, None),
+    ("http://judge-node:8000/v1", {}, {"api_key_env": ""}, None),  # a server elsewhere that takes no key
+])
+def test_the_key_goes_only_over_https_or_to_loopback_and_must_be_set_for_a_remote_judge(monkeypatch, url, env, extra,
+                                                                                          error):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert validate(VlmJudgeOptions(base_url=url, **extra)) == ([error] if error else [])
+
+
+def test_the_key_is_not_forwarded_when_the_judge_redirects_to_another_host(monkeypatch):
+    """127.0.0.1 redirects to 127.0.0.2 (another host, same machine): the key stops at the first; a redirect on
+    the same host keeps it."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Judge(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.do_GET()
+
+        def do_GET(self):  # urllib follows a POST's 302 with a GET (as browsers do)
+            seen.append((self.server.server_address[0], self.path, self.headers.get("Authorization")))
+            if self.path.endswith("/redirect-away"):
+                self.send_response(302)
+                self.send_header("Location", f"http://127.0.0.2:{other.server_address[1]}/v1/chat/completions")
+            elif self.path.endswith("/redirect-here"):
+                self.send_response(302)
+                self.send_header("Location", "/v1/chat/completions")
+            else:
+                body = json.dumps({"choices": [{"message": {"content": "7"}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    first, other = (http.server.ThreadingHTTPServer((host, 0), Judge) for host in ("127.0.0.1", "127.0.0.2"))
+    for server in (first, other):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OPENAI_API_KEY", "secret")
+    try:
+        for route in ("redirect-away", "redirect-here"):
+            client = judge(f"http://127.0.0.1:{first.server_address[1]}", max_retries=0)
+            client.url = client.url.replace("chat/completions", route)
+            assert client(grey(0.5), ["a prompt"])["score"].item() == pytest.approx(0.7)
+    finally:
+        first.shutdown()
+        other.shutdown()
+    assert seen == [("127.0.0.1", "/v1/redirect-away", "Bearer secret"), ("127.0.0.2", "/v1/chat/completions", None),
+                    ("127.0.0.1", "/v1/redirect-here", "Bearer secret"),
+                    ("127.0.0.1", "/v1/chat/completions", "Bearer secret")]
