@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -15,6 +16,8 @@ from gyremedia import checkpoint as ckpt
 from gyremedia.config import ConfigError, ResolvedConfig, load_config, resolve_config
 from gyremedia.interfaces import BuildContext
 from gyremedia.plugins import PluginManager
+
+logger = logging.getLogger("gyremedia")
 
 RESOLVED_CONFIG = "config.yaml"
 EXPORT_DIR = "pipeline"
@@ -58,11 +61,23 @@ def check_resumed_settings(saved_yaml: str, config: ResolvedConfig, overridden: 
 
 
 def run_config(run_dir: Path, overrides: list[str], pm: PluginManager) -> ResolvedConfig:
-    """The resolved config a run folder was trained with, plus ``key=value`` overrides."""
+    """The resolved config a run folder was trained with, plus ``key=value`` overrides. A ``config.yaml`` that
+    does not parse (cut short by a crash before it was written atomically) gives way, with a warning, to the copy
+    the newest checkpoint keeps."""
     path = Path(run_dir) / RESOLVED_CONFIG
     if not path.is_file():
         raise ConfigError(f"{run_dir}: no {RESOLVED_CONFIG} there; is it a run folder?")
-    return resolve_config(load_config(path, [f"run.output_dir={run_dir}", *overrides]), pm)
+    overrides = [f"run.output_dir={run_dir}", *overrides]
+    try:
+        OmegaConf.load(path)
+    except Exception as exc:  # noqa: BLE001 - whatever a cut-off yaml raises
+        newest = ckpt.latest_checkpoint(Path(run_dir), warn=False)
+        if newest is None or ckpt.saved_config(newest) is None:
+            raise ConfigError(f"{path} does not parse ({type(exc).__name__}), and no checkpoint keeps a copy of the "
+                              "config: restore it, or start a new run (run.output_dir)") from exc
+        logger.warning("%s does not parse (%s): using the copy in %s", path, type(exc).__name__, newest)
+        path = newest / ckpt.CONFIG
+    return resolve_config(load_config(path, overrides), pm)
 
 
 def quiet_libraries() -> None:

@@ -218,3 +218,14 @@ def test_an_atomic_write_that_fails_leaves_the_old_file(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         checkpoint.write_atomically(path, b"new: 2\n")
     assert path.read_text() == "old: 1\n" and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+
+
+def test_a_cut_off_config_yaml_gives_way_to_the_checkpoints_copy(make_config, tmp_path, caplog):
+    run = tmp_path / "run"
+    train(make_config, "train.steps=2")
+    config = run / "config.yaml"
+    config.write_text(config.read_text()[:200])  # written by a version that did not write it whole
+    with caplog.at_level(logging.WARNING, logger="gyremedia"):
+        assert resume(run, "train.steps=3").step == 3
+    assert f"{config} does not parse (ScannerError): using the copy in {run / 'checkpoints' / 'step-000002'}" in caplog.text
+    assert config.read_text() == (run / "checkpoints" / "step-000003" / "config.yaml").read_text()  # whole again
