@@ -10,22 +10,32 @@ them at the sampling temperature (:meth:`CausalLMBackbone.token_log_probs`), as 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from gyremedia import hookimpl
-from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolicy, merge_adapters
+from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolicy, adapters_disabled, merge_adapters
 from gyremedia.interfaces import BuildContext, Generated, RolloutRequest
 from gyremedia.options import option, pretrained_source
 from gyremedia.rollout import Media, Rollout
 from gyremedia.streams import Stream, sample_generators
 
+logger = logging.getLogger("gyremedia")
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+#: Logits computed at once when log-probs are taken over the completion: ``rows x positions x vocabulary`` of
+#: at most this many (64 MiB in fp32), so no ``[B, T, V]`` tensor is ever whole (see :func:`chunked_positions`).
+LOGITS_PER_CHUNK = 2**24
 
 
 @dataclass
@@ -43,6 +53,41 @@ class CausalLMOptions:
     chat_template: bool = option(True, help="wrap each prompt in the tokenizer's chat template, if it has one")
     eval_temperature: float = option(0.0, ge=0, help="temperature of evaluation samples; 0 decodes greedily")
     batch_size: int = option(64, ge=1, help="prompts generated at once in evaluation")
+
+
+def gumbel_noise(generators: list[torch.Generator], vocabulary: int, device: torch.device) -> torch.Tensor:
+    """``[B, V]`` Gumbel noise for one position, the next ``V`` uniforms of each sample's generator.
+
+    Drawn one position at a time, never ``[B, T, V]`` at once (at a 151,936-token vocabulary that was 2.3 GiB
+    per 16 rows and 256 tokens, twice: on the host and on the device); a generator's successive draws are the
+    numbers one draw of all positions gave, so every sample is the same as before, on any number of processes."""
+    uniform = torch.stack([torch.rand(vocabulary, generator=g) for g in generators])
+    return -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1 - 1e-7))).to(device)
+
+
+def chunked_positions(rows: int, positions: int, vocabulary: int) -> int:
+    """How many positions one chunk of logits covers (at least one)."""
+    return max(1, min(positions, LOGITS_PER_CHUNK // max(rows * vocabulary, 1)))
+
+
+def _token_log_probs(hidden: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = head(hidden).float() / temperature
+    return logits.log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
+
+
+def completion_log_probs(hidden: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor,
+                         temperature: float) -> torch.Tensor:
+    """``[B, T]`` log-probs of ``tokens`` under ``softmax(head(hidden) / temperature)``, the output projection and
+    the log-softmax taken a chunk of positions at a time. With gradients, each chunk's logits are recomputed in the
+    backward pass (as fused linear-cross-entropy kernels do), so a chunk's logits are all that lives at once, in
+    the forward and the backward, whatever the completion's length and the vocabulary."""
+    step = chunked_positions(hidden.shape[0], hidden.shape[1], head.weight.shape[0])
+    parts = []
+    for begin in range(0, hidden.shape[1], step):
+        piece = (hidden[:, begin:begin + step], head, tokens[:, begin:begin + step], temperature)
+        parts.append(checkpoint(_token_log_probs, *piece, use_reentrant=False) if torch.is_grad_enabled()
+                     and hidden.requires_grad else _token_log_probs(*piece))
+    return torch.cat(parts, dim=1)
 
 
 class CausalLMBackbone(TransformerPolicy):
@@ -63,6 +108,7 @@ class CausalLMBackbone(TransformerPolicy):
         self.transformer = AutoModelForCausalLM.from_pretrained(options.pretrained, dtype=DTYPES[options.dtype])
         self.transformer.to(self.device)
         self.transformer.generation_config.pad_token_id = self.tokenizer.pad_token_id
+        self._check_head_reads_last_hidden()
         self._prepare_training(options.lora, options.gradient_checkpointing, context.mixed_precision)
         self.max_new_tokens = options.max_new_tokens
         self.temperature = options.temperature
@@ -89,17 +135,47 @@ class CausalLMBackbone(TransformerPolicy):
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
         return ids.to(self.device), mask.to(self.device)
 
-    def _logits(self, ids: torch.Tensor, attention: torch.Tensor, *, reference: bool = False,
-                past=None, use_cache: bool = False):
-        """The model's logits (and cache) for ``ids``; positions count only attended tokens (left padding)."""
+    def _logits(self, ids: torch.Tensor, attention: torch.Tensor, *, past=None) -> tuple[torch.Tensor, object]:
+        """The next token's logits ``[B, 1, V]`` after ``ids``, and the cache; positions count only attended tokens
+        (left padding). Only the last position goes through the output projection."""
         positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
-        if use_cache:
-            with self._autocast():
-                out = self.transformer(input_ids=ids, attention_mask=attention, position_ids=positions, cache=past,
-                                       use_cache=True)
-            return out.logits, out.cache
-        return self._forward(reference, input_ids=ids, attention_mask=attention, position_ids=positions,
-                             use_cache=False)
+        with self._autocast():
+            out = self.transformer(input_ids=ids, attention_mask=attention, position_ids=positions, cache=past,
+                                   use_cache=True, logits_to_keep=1)
+        return out.logits, out.cache
+
+    def _hidden(self, ids: torch.Tensor, attention: torch.Tensor, *, reference: bool = False) -> torch.Tensor:
+        """The last layer's normalised hidden states ``[B, S, H]`` (what the output projection reads), without
+        projecting them: the logits of a whole sequence are never made at once (:func:`completion_log_probs`)."""
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        out = self._forward(reference, input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False,
+                            output_hidden_states=True, logits_to_keep=1, return_dict=True)
+        return out.hidden_states[-1]
+
+    @contextlib.contextmanager
+    def _head(self, reference: bool) -> Iterator[torch.nn.Module]:
+        """The output projection of the policy, or of the frozen reference; under autocast like every forward."""
+        with self._autocast():
+            if not reference:
+                yield self.transformer.get_output_embeddings()
+            elif self._reference_transformer is not None:
+                yield self._reference_transformer.get_output_embeddings()
+            else:
+                with torch.no_grad(), adapters_disabled(self.transformer):
+                    yield self.transformer.get_output_embeddings()
+
+    def _check_head_reads_last_hidden(self) -> None:
+        """:meth:`_hidden` assumes the output projection alone turns the last hidden states into the logits (Llama,
+        Qwen, Mistral...); a model that does more (Gemma's logit soft-capping) is refused rather than trained on
+        other log-probs than it samples from."""
+        ids = torch.tensor([[self.tokenizer.eos_token_id] * 3], device=self.device)
+        with torch.no_grad():
+            out = self.transformer(input_ids=ids, output_hidden_states=True, return_dict=True)
+            projected = self.transformer.get_output_embeddings()(out.hidden_states[-1])
+        if not torch.allclose(projected.float(), out.logits.float(), rtol=1e-4, atol=1e-4):
+            raise ValueError(f"backbone.pretrained={self.options.pretrained!r}: its logits are not its output "
+                             "projection of its last hidden states (a soft-capped or otherwise post-processed head), "
+                             "which the chunked log-probs need")
 
     def _filter(self, scores: torch.Tensor) -> torch.Tensor:
         """Temperature-scaled logits with everything outside top-k / top-p set to -inf."""
@@ -123,15 +199,12 @@ class CausalLMBackbone(TransformerPolicy):
         # A group's rows share their prompt: read each distinct prompt once, then give every row its cache.
         distinct, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
         width = prompt_ids.shape[1]
-        logits, past = self._logits(distinct[:, :width], distinct[:, width:], use_cache=True)
+        logits, past = self._logits(distinct[:, :width], distinct[:, width:])
         logits = logits[inverse]
         past.reorder_cache(inverse)
         attention, done = prompt_mask, torch.zeros(len(prompt_ids), dtype=torch.bool, device=self.device)
         tokens, log_probs, alive = [], [], []
         sampled = generators is not None and temperature > 0
-        if sampled:  # each sample's noise for every position at once, from its own generator
-            uniform = torch.stack([torch.rand(self.max_new_tokens, logits.shape[-1], generator=g) for g in generators])
-            gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1 - 1e-7))).to(self.device)
         for position in range(self.max_new_tokens):
             scores = logits[:, -1].float()
             if not sampled:
@@ -139,7 +212,7 @@ class CausalLMBackbone(TransformerPolicy):
                 log_prob = torch.zeros(len(token), device=self.device)
             else:
                 scores = self._filter(scores / temperature)
-                token = (scores + gumbel[:, position]).argmax(-1)  # an exact draw from softmax(scores)
+                token = (scores + gumbel_noise(generators, scores.shape[-1], self.device)).argmax(-1)  # ~ softmax
                 log_prob = scores.log_softmax(-1).gather(-1, token[:, None])[:, 0]
             tokens.append(torch.where(done, pad, token))
             log_probs.append(torch.where(done, 0.0, log_prob))
@@ -148,7 +221,7 @@ class CausalLMBackbone(TransformerPolicy):
             if done.all():
                 break
             attention = torch.cat([attention, alive[-1].long()[:, None]], dim=1)
-            logits, past = self._logits(tokens[-1][:, None], attention, past=past, use_cache=True)
+            logits, past = self._logits(tokens[-1][:, None], attention, past=past)
         return torch.stack(tokens, dim=1), torch.stack(log_probs, dim=1), torch.stack(alive, dim=1), ~done
 
     def _stopped(self, tokens: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
@@ -185,8 +258,9 @@ class CausalLMBackbone(TransformerPolicy):
         """``[B, T]`` fp32 log-probs of the completion tokens at the sampling temperature (0 where masked)."""
         length = rollout.extras["prompt_length"]
         attention = torch.cat([rollout.conditions["prompt_mask"], rollout.mask.long()], dim=1)
-        logits = self._logits(rollout.states, attention, reference=reference)[:, length - 1:-1].float()
-        log_probs = (logits / self.temperature).log_softmax(-1).gather(-1, rollout.states[:, length:, None])[..., 0]
+        hidden = self._hidden(rollout.states, attention, reference=reference)[:, length - 1:-1]
+        with self._head(reference) as head:
+            log_probs = completion_log_probs(hidden, head, rollout.states[:, length:], self.temperature)
         return log_probs * rollout.mask
 
     def _completions(self, completion: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -223,11 +297,18 @@ class CausalLMBackbone(TransformerPolicy):
         for rollout in generated.extras["rollouts"]:
             length = rollout.extras["prompt_length"]
             attention = torch.cat([rollout.conditions["prompt_mask"], rollout.mask.long()], dim=1)
-            policy = (self._logits(rollout.states, attention)[:, length - 1:-1].float() / self.temperature).log_softmax(-1)
-            ref = (self._logits(rollout.states, attention, reference=True)[:, length - 1:-1].float()
-                   / self.temperature).log_softmax(-1)
-            kl = (policy.exp() * (policy - ref)).sum(-1)
-            total += float((kl * rollout.mask).sum())
+            hidden = {ref: self._hidden(rollout.states, attention, reference=ref)[:, length - 1:-1] for ref in (False, True)}
+            vocabulary = self.transformer.get_output_embeddings().weight.shape[0]
+            step = chunked_positions(len(rollout.states), hidden[False].shape[1], vocabulary)
+            for begin in range(0, hidden[False].shape[1], step):  # a chunk of positions' distributions at a time
+                distributions = []
+                for ref in (False, True):
+                    with self._head(ref) as head:
+                        logits = head(hidden[ref][:, begin:begin + step]).float()
+                    distributions.append((logits / self.temperature).log_softmax(-1))
+                policy, ref = distributions
+                kl = (policy.exp() * (policy - ref)).sum(-1)
+                total += float((kl * rollout.mask[:, begin:begin + step]).sum())
             count += float(rollout.mask.sum())
         return total / max(count, 1.0)
 

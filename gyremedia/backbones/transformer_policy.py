@@ -8,6 +8,7 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -174,21 +175,27 @@ class TransformerPolicy:
         dtype = self._autocast_dtype
         return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
-    def _forward_module(self, reference: bool, **inputs) -> torch.Tensor:
+    def _forward_module(self, reference: bool, **inputs) -> Any:
+        """The module's first output; its whole output object when ``inputs`` ask for ``return_dict=True``."""
+        whole = inputs.pop("return_dict", False)
         if not reference:
             module = self._training_module if torch.is_grad_enabled() else self.transformer
-            return module(**inputs, return_dict=False)[0]
+            return _first_or_whole(module(**inputs, return_dict=whole), whole)
         with torch.no_grad():
             if self._reference_transformer is not None:
-                return self._reference_transformer(**inputs, return_dict=False)[0]
+                return _first_or_whole(self._reference_transformer(**inputs, return_dict=whole), whole)
             if not self.lora_enabled:
                 raise RuntimeError("the reference policy was not kept: call enable_reference() before training")
             with adapters_disabled(self.transformer):
-                return self.transformer(**inputs, return_dict=False)[0]
+                return _first_or_whole(self.transformer(**inputs, return_dict=whole), whole)
 
     def _merged_transformer(self) -> torch.nn.Module:
         """The transformer with LoRA adapters folded in (a copy), or itself without LoRA."""
         return merge_adapters(self.transformer) if self.lora_enabled else self.transformer
+
+
+def _first_or_whole(output: Any, whole: bool) -> Any:
+    return output if whole else output[0]
 
 
 def cast_weights(model: torch.nn.Module, dtype: torch.dtype) -> None:

@@ -168,3 +168,59 @@ def test_a_third_party_text_reward_is_selected_by_name_and_trains(make_llm_confi
     pm = PluginManager(extra_plugins=[Plugin()])
     state = Trainer(make_llm_config("rewards=[short_answers]", "train.steps=1", plugins=pm), pm).train()
     assert "reward/short_answers" in state.last_metrics and state.last_metrics["grad_norm"] > 0
+
+
+@pytest.fixture(scope="module")
+def wide_lm(tmp_path_factory):
+    """A 1-layer Llama of width 16 with a 4,096-token vocabulary whose every id decodes (a word-level tokenizer):
+    a vocabulary wide enough that a ``[B, T, V]`` tensor stands out among everything else a step makes."""
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocabulary = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: 3 + i for i, c in enumerate("0123456789+=")}}
+    vocabulary.update({f"w{i}": i for i in range(len(vocabulary), 4096)})
+    words = Tokenizer(WordLevel(vocabulary, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    words.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
+                                        padding_side="left")
+    config = LlamaConfig(vocab_size=4096, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0,
+                         bos_token_id=None, eos_token_id=1, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("wide_lm")
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_no_tensor_spans_the_completion_and_the_vocabulary_at_once(make_llm_config, wide_lm, monkeypatch):
+    """A training step (rollout, replay, reference, update) at 32 new tokens makes no tensor of
+    ``rows x tokens x vocabulary`` elements: the noise is drawn a position at a time and the log-probs a chunk of
+    positions at a time, recomputed in the backward (what lets a 151,936-token vocabulary train at 1,024 tokens)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import gyremedia.backbones.causal_lm as causal_lm
+
+    class Largest(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.numel, self.op = 0, None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(tensor, torch.Tensor) and tensor.numel() > self.numel:
+                    self.numel, self.op = tensor.numel(), func
+            return out
+
+    monkeypatch.setattr(causal_lm, "LOGITS_PER_CHUNK", 2**15, raising=False)  # 8 rows x 1 position x 4,096 tokens
+    config = make_llm_config(f"backbone.pretrained={wide_lm}", "backbone.max_new_tokens=32", "rollout.batch_size=8",
+                             "rollout.group_size=4", "objective.kl_beta=0.04", "eval.every=0")
+    trainer = Trainer(config, PluginManager())
+    trainer.setup()
+    with Largest() as largest:
+        metrics = trainer.train_step(0)
+    assert metrics["completion_tokens"] > 16  # the random model writes long completions
+    assert largest.numel < 8 * 32 * 4096 // 4, (largest.numel, largest.op)
