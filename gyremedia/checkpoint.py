@@ -282,9 +282,13 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str,
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            prune(run_dir, keep_last, keep=final)
         except Exception as exc:  # noqa: BLE001 - as above
             error = exc
+        try:  # the checkpoint is written: failing to tidy the old ones is worth a warning, not a stop
+            if error is None:
+                prune(run_dir, keep_last, keep=final)
+        except OSError as exc:
+            logger.warning("could not prune the old checkpoints in %s: %s", root, exc)
     _stop_unless_written(accelerator, error, tmp, step)
     return final
 

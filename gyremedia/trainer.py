@@ -177,7 +177,8 @@ class Trainer:
         self.run_dir = Path(self.core.run.output_dir)
         self.resume = resume
         self._refuse_to_overwrite()
-        self._overridden = self._check_resumed_settings(override_resumed) if resume else []
+        if resume:
+            self._check_resumed_settings(override_resumed)
         self.state = TrainState(config=config, accelerator=self.accelerator, run_dir=self.run_dir, plugins=plugins)
         self.prompts = PromptSource(self.core.data.prompts, self.core.data.prompts_file)
         # With async scoring: the next step's rollout, sampled and being scored. Not checkpointed: a
@@ -201,20 +202,19 @@ class Trainer:
                 f"`gyremedia train --resume {self.run_dir}` or set run.output_dir to a new folder"
             )
 
-    def _check_resumed_settings(self, overridden: list[str] | tuple[str, ...]) -> list[str]:
+    def _check_resumed_settings(self, overridden: list[str] | tuple[str, ...]) -> None:
         """Before any model loads: refuse settings that differ from those the newest checkpoint was trained with
-        (see :func:`gyremedia.runs.check_resumed_settings`); returns the changed keys ``overridden`` lets through."""
+        (see :func:`gyremedia.runs.check_resumed_settings`), except those ``overridden`` lets through."""
         newest = ckpt.latest_checkpoint(self.run_dir, warn=False)
         saved = ckpt.saved_config(newest) if newest is not None else None
         source = newest
         if saved is None and (self.run_dir / RESOLVED_CONFIG).is_file():  # a checkpoint written before 2026-12
             saved, source = (self.run_dir / RESOLVED_CONFIG).read_text(), self.run_dir / RESOLVED_CONFIG
         if saved is None:
-            return []
+            return
         changed = check_resumed_settings(saved, self.config, list(overridden), source)
         if changed:
             logger.warning("resuming with changed settings (--override-resumed): %s", ", ".join(changed))
-        return changed
 
     def setup(self) -> TrainState:
         """Write the resolved config, build components, prepare with accelerate, maybe resume."""
