@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -116,18 +116,21 @@ class CausalLMBackbone(TransformerPolicy):
 
     # ------------------------------------------------------------------ tokens
 
-    def _texts(self, prompts: list[str]) -> list[str]:
-        """The prompts as the model reads them: in its chat template when it has one (and it is asked for)."""
+    def _token_ids(self, prompts: list[str]) -> list[list[int]]:
+        """The prompts' ids as the model reads them: in its chat template when it has one (and it is asked for),
+        tokenized in one go, so the special tokens are the template's own (rendering it to text and tokenizing
+        that again added a second BOS for Llama 3, Gemma and Mistral); else the prompt with the tokenizer's."""
         if not (self.options.chat_template and getattr(self.tokenizer, "chat_template", None)):
-            return list(prompts)
-        return [self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                   add_generation_prompt=True) for p in prompts]
+            return self.tokenizer(list(prompts))["input_ids"]
+        encoded = self.tokenizer.apply_chat_template([[{"role": "user", "content": p}] for p in prompts],
+                                                     tokenize=True, add_generation_prompt=True)
+        return list(encoded["input_ids"] if isinstance(encoded, Mapping) else encoded)
 
     def _tokenize(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids and their attention mask, ``[B, P]`` (each prompt tokenized once per run)."""
         missing = [p for p in dict.fromkeys(prompts) if p not in self._token_cache]
         if missing:
-            for prompt, ids in zip(missing, self.tokenizer(self._texts(missing))["input_ids"]):
+            for prompt, ids in zip(missing, self._token_ids(missing)):
                 self._token_cache[prompt] = ids
         rows = [self._token_cache[p] for p in prompts]
         width = max(len(r) for r in rows)
@@ -225,10 +228,14 @@ class CausalLMBackbone(TransformerPolicy):
         return torch.stack(tokens, dim=1), torch.stack(log_probs, dim=1), torch.stack(alive, dim=1), ~done
 
     def _stopped(self, tokens: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        """Which rows' completions now contain a stop string."""
+        """Which rows' completions now contain a stop string. One found now ends in the newest token (the
+        earlier ones were checked), so only the tokens that could spell the longest stop string are decoded: a
+        character is at most 4 bytes and a token at least one, so ``4 x characters`` tokens cover it (decoding
+        every completion whole at every step cost time quadratic in its length)."""
         if not self.options.stop:
             return torch.zeros_like(done)
-        texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        window = 4 * max(len(s) for s in self.options.stop)
+        texts = self.tokenizer.batch_decode(tokens[:, -window:], skip_special_tokens=True)
         return torch.tensor([any(s in text for s in self.options.stop) for text in texts], device=done.device)
 
     # ------------------------------------------------------------------ policy stages

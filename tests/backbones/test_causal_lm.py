@@ -224,3 +224,43 @@ def test_no_tensor_spans_the_completion_and_the_vocabulary_at_once(make_llm_conf
         metrics = trainer.train_step(0)
     assert metrics["completion_tokens"] > 16  # the random model writes long completions
     assert largest.numel < 8 * 32 * 4096 // 4, (largest.numel, largest.op)
+
+
+def test_a_chat_template_that_writes_the_bos_gets_one_bos(make_llm_config, wide_lm, tmp_path):
+    """Llama 3, Gemma and Mistral templates write the BOS themselves and their tokenizers add one to any text: the
+    prompt is the template's tokens, with a single BOS (rendering it to text and tokenizing that gave two)."""
+    import shutil
+
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "templated"
+    shutil.copytree(wide_lm, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer._tokenizer.post_processor = TemplateProcessing(single="<unk> $A", special_tokens=[("<unk>", 2)])
+    tokenizer.bos_token = "<unk>"  # id 2: a BOS the model's vocabulary already has
+    tokenizer.chat_template = "{{ bos_token }}{{ messages[0]['content'] }}="
+    tokenizer.save_pretrained(folder)
+    policy = backbone(make_llm_config, f"backbone.pretrained={folder}")
+    ids, mask = policy._tokenize(["1+2", "33+4"])
+    assert ids.tolist() == [[0, 2, 4, 13, 5, 14], [2, 6, 6, 13, 7, 14]]  # left padding, then <bos>1+2= and <bos>33+4=
+    assert mask.tolist() == [[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
+    assert policy.tokenizer("1+2")["input_ids"] == [2, 4, 13, 5]  # plain text still gets its BOS
+
+
+def test_stop_strings_are_looked_for_in_the_newest_tokens_only(make_llm_config, wide_lm):
+    """Each step decodes only the tokens that could spell the longest stop string, not every completion whole
+    (which made a 1,024-token rollout decode half a million tokens per row); completions end where they did."""
+    policy = backbone(make_llm_config, f"backbone.pretrained={wide_lm}", "backbone.max_new_tokens=48",
+                      "backbone.stop=['w4000', '=w']")
+    widths, decode = [], policy.tokenizer.batch_decode
+
+    def recording(ids, **kwargs):
+        widths.append(ids.shape[1])
+        return decode(ids, **kwargs)
+
+    policy.tokenizer.batch_decode = recording
+    rollout = policy.collect_rollout(request(PROMPTS), None)
+    assert max(widths) == 4 * len("w4000") and len(widths) > 20
+    for text in policy.media(rollout).data:
+        assert not any(s in text[:-1] for s in ("w4000", "=w"))
