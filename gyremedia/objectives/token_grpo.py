@@ -19,6 +19,12 @@ The tokens' losses become one number by ``loss_type`` (mask m, batch B, T_max th
     dr_grpo:  sum_bt m l / (B T_max)                         (a constant normaliser: no length bias)
     dapo:     sum_bt m l / (N / (processes x minibatches))   (N: the rollout's tokens over every process)
 
+With ``importance_level: sequence`` (GSPO, Zheng et al. 2025) every token of sample b carries its sequence's
+ratio ``s_b = exp(mean_t m log(pi_theta / pi_old))``, and the gradient flows through that mean, so with
+``loss_type: grpo`` the gradient is ``s_b A_b (1 / |y_b|) sum_t grad log pi_theta(y_bt)`` (GSPO's; its paper clips
+at eps 3e-4 / 4e-4). Log ratios are clamped to [-20, 20] before the exponential, as verl does: beyond that the
+clip holds the loss flat anyway, and exp stays finite in fp32.
+
 The KL to the reference is the ``token_kl`` regularizer (``kl_beta`` selects it), aggregated the same way.
 """
 
@@ -53,6 +59,9 @@ class TokenGRPOOptions:
     cis_threshold: float = option(1.0, gt=0, help="CIS: the largest log-odds displacement delta kept")
     max_completion_length: int | None = option(None, ge=1, help="dr_grpo's T_max (default: the backbone's "
                                                                 "max_new_tokens)")
+    importance_level: Literal["token", "sequence"] = option(
+        "token", help="the ratio per token (GRPO), or one per sequence, the mean of its tokens' log ratios (GSPO: "
+                      "use with loss_type=grpo, epsilon=3e-4, epsilon_high=4e-4)")
 
     def validate(self) -> None:
         if self.epsilon >= 1:
@@ -72,6 +81,23 @@ def aggregate_tokens(values: torch.Tensor, mask: torch.Tensor, loss_type: str, *
     if loss_type == "dapo":
         return (values * mask).sum() / max(normaliser, 1.0)
     raise ValueError(f"loss_type {loss_type!r}: expected grpo, bnpo, dr_grpo or dapo")
+
+
+#: The largest ``|log pi_theta - log pi_old|`` a ratio is taken of (verl's bound).
+LOG_RATIO_BOUND = 20.0
+
+
+def log_ratios(log_probs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """``[B, T]`` log ratios, clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]``: each token's own (``token``), or
+    its sequence's mean over the masked tokens (``sequence``, GSPO), whose gradient reaches every token's log-prob."""
+    log_ratio = (log_probs - old).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    if level == "token":
+        return log_ratio
+    if level != "sequence":
+        raise ValueError(f"importance_level {level!r}: expected token or sequence")
+    weights = mask.to(log_ratio.dtype)
+    sequence = (log_ratio * weights).sum(-1, keepdim=True) / weights.sum(-1, keepdim=True).clamp(min=1.0)
+    return sequence.expand_as(log_ratio)
 
 
 def importance_weights(trainer: torch.Tensor, sampler: torch.Tensor, kind: str, *, cap: float,
@@ -146,7 +172,7 @@ class TokenGRPOObjective:
             raise ValueError("token_grpo needs a prepared rollout with advantages")
         log_probs = ctx.backbone.token_log_probs(rollout)
         old = rollout.extras.get("old_log_probs", log_probs.detach())
-        log_ratio = log_probs - old
+        log_ratio = log_ratios(log_probs, old, rollout.extras["loss_mask"], self.options.importance_level)
         per_token, ratio = clipped_ratio_loss(log_ratio, rollout.advantages[:, None].to(log_probs), self.eps_low,
                                               self.eps_high)
         if "is_weights" in rollout.extras:

@@ -4,6 +4,9 @@ Per completion token, with ``d = log pi_ref - log pi_theta``, the k3 estimator o
 
     k3 = exp(d) - d - 1            (>= 0, unbiased under pi_theta's samples, low variance; Schulman 2020)
 
+with ``d`` clamped to [-20, 20] and ``k3`` to at most 10, as verl does: one token far from the reference
+cannot overflow the term or dominate the batch's gradient.
+
 aggregated over tokens exactly as the objective aggregates its own (``outputs["aggregate"]``), so
 ``loss + beta * kl`` is TRL's ``per_token_loss + beta * per_token_kl`` for every loss type.
 """
@@ -17,10 +20,14 @@ import torch
 from gyremedia.interfaces import LossOutput
 
 
+#: verl's bounds: on ``d`` before the exponential, and on the estimate.
+LOG_RATIO_BOUND, K3_BOUND = 20.0, 10.0
+
+
 def k3(log_probs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """Per-token ``exp(d) - d - 1`` with ``d = reference - log_probs``."""
-    delta = reference - log_probs
-    return torch.exp(delta) - delta - 1
+    """Per-token ``exp(d) - d - 1`` with ``d = reference - log_probs``, both bounded (see the module docstring)."""
+    delta = (reference - log_probs).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    return (torch.exp(delta) - delta - 1).clamp(max=K3_BOUND)
 
 
 class TokenKL:

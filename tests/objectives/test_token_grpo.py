@@ -57,3 +57,32 @@ def test_k3_is_zero_at_the_reference_and_positive_elsewhere():
     away = k3(log_probs, torch.log(torch.tensor([0.6, 0.25])))
     d = math.log(0.6 / 0.3)
     assert away[0].item() == pytest.approx(math.exp(d) - d - 1) and (away > 0).all()
+
+
+def test_sequence_level_ratios_are_gspos():
+    """GSPO: every token carries exp(mean log ratio) of its sequence (masked tokens left out), and with the grpo
+    aggregation the gradient is s_b A_b (1/|y_b|) sum_t grad log pi(y_bt)."""
+    from gyremedia.objectives.token_grpo import log_ratios
+
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.3, 0.3, 0.3]]))
+    log_probs = (old + torch.tensor([[0.1, -0.3, 0.0], [0.2, 0.0, 5.0]])).requires_grad_()
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    ratios = log_ratios(log_probs, old, mask, "sequence")
+    torch.testing.assert_close(ratios, torch.tensor([[-0.2 / 3] * 3, [0.1] * 3]))
+    advantages = torch.tensor([[1.0], [-2.0]])
+    loss, ratio = clipped_ratio_loss(ratios, advantages, eps_low=0.5, eps_high=0.5)  # nothing clipped
+    aggregate_tokens(loss, mask, "grpo", max_length=3).backward()
+    s = ratio[:, 0].detach()
+    expected = -(s * advantages[:, 0])[:, None] * mask / mask.sum(-1, keepdim=True) / 2  # batch mean of 2
+    torch.testing.assert_close(log_probs.grad, expected)
+    # token level: each token's own ratio
+    torch.testing.assert_close(log_ratios(log_probs, old, mask, "token"), (log_probs - old).detach())
+
+
+def test_log_ratios_and_k3_are_bounded_as_verl_bounds_them():
+    from gyremedia.objectives.token_grpo import log_ratios
+
+    far = torch.tensor([[-100.0, 0.5, 100.0]])
+    assert log_ratios(far, torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.bool), "token").tolist() == [[-20.0, 0.5, 20.0]]
+    assert k3(torch.zeros(3), torch.tensor([-100.0, 0.1, 100.0])).tolist() == pytest.approx(
+        [10.0, math.exp(0.1) - 1.1, 10.0], rel=1e-5)  # 19 + exp(-20) and exp(20) - 21, each held to 10
