@@ -5,7 +5,8 @@ left-padded prompts and the completions sampled from them with a KV cache; each 
 the Gumbel-max trick from noise that depends on ``(seed, step, sample id)`` alone, so a sample is the
 same on one process or many and after a resume. The log-prob of every sampled token under the
 sampling distribution (temperature, then top-k / top-p) is recorded in fp32; the trainer recomputes
-them at the sampling temperature (:meth:`CausalLMBackbone.token_log_probs`), as TRL does.
+them under the same distribution (:meth:`CausalLMBackbone.token_log_probs`): at the sampling temperature, as
+TRL does, and through the same top-k / top-p filter, so the policy trained is the one that sampled.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -70,21 +71,25 @@ def chunked_positions(rows: int, positions: int, vocabulary: int) -> int:
     return max(1, min(positions, LOGITS_PER_CHUNK // max(rows * vocabulary, 1)))
 
 
-def _token_log_probs(hidden: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+def _token_log_probs(hidden: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor, temperature: float,
+                     keep: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
     logits = head(hidden).float() / temperature
+    if keep is not None:
+        logits = keep(logits)
     return logits.log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
 
 
-def completion_log_probs(hidden: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor,
-                         temperature: float) -> torch.Tensor:
-    """``[B, T]`` log-probs of ``tokens`` under ``softmax(head(hidden) / temperature)``, the output projection and
-    the log-softmax taken a chunk of positions at a time. With gradients, each chunk's logits are recomputed in the
-    backward pass (as fused linear-cross-entropy kernels do), so a chunk's logits are all that lives at once, in
-    the forward and the backward, whatever the completion's length and the vocabulary."""
+def completion_log_probs(hidden: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor, temperature: float,
+                         keep: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """``[B, T]`` log-probs of ``tokens`` under ``softmax(keep(head(hidden) / temperature))`` (``keep``: the
+    sampler's top-k / top-p filter, if any), the output projection and the log-softmax taken a chunk of positions
+    at a time. With gradients, each chunk's logits are recomputed in the backward pass (as fused
+    linear-cross-entropy kernels do), so a chunk's logits are all that lives at once, in the forward and the
+    backward, whatever the completion's length and the vocabulary."""
     step = chunked_positions(hidden.shape[0], hidden.shape[1], head.weight.shape[0])
     parts = []
     for begin in range(0, hidden.shape[1], step):
-        piece = (hidden[:, begin:begin + step], head, tokens[:, begin:begin + step], temperature)
+        piece = (hidden[:, begin:begin + step], head, tokens[:, begin:begin + step], temperature, keep)
         parts.append(checkpoint(_token_log_probs, *piece, use_reentrant=False) if torch.is_grad_enabled()
                      and hidden.requires_grad else _token_log_probs(*piece))
     return torch.cat(parts, dim=1)
@@ -181,9 +186,9 @@ class CausalLMBackbone(TransformerPolicy):
                              "which the chunked log-probs need")
 
     def _filter(self, scores: torch.Tensor) -> torch.Tensor:
-        """Temperature-scaled logits with everything outside top-k / top-p set to -inf."""
+        """Temperature-scaled logits ``[..., V]`` with everything outside top-k / top-p set to -inf."""
         if self.options.top_k:
-            kth = scores.topk(min(self.options.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+            kth = scores.topk(min(self.options.top_k, scores.shape[-1]), dim=-1).values[..., -1:]
             scores = scores.masked_fill(scores < kth, -math.inf)
         if self.options.top_p < 1:
             ordered, order = scores.sort(dim=-1, descending=True)
@@ -266,9 +271,13 @@ class CausalLMBackbone(TransformerPolicy):
         length = rollout.extras["prompt_length"]
         attention = torch.cat([rollout.conditions["prompt_mask"], rollout.mask.long()], dim=1)
         hidden = self._hidden(rollout.states, attention, reference=reference)[:, length - 1:-1]
+        # the distribution the rollout sampled from: its log-probs (and an importance correction's weights) then
+        # compare like with like; without this, under top_p < 1 every sampler-vs-trainer weight was the nucleus mass
+        keep = self._filter if self.options.top_k or self.options.top_p < 1 else None
         with self._head(reference) as head:
-            log_probs = completion_log_probs(hidden, head, rollout.states[:, length:], self.temperature)
-        return log_probs * rollout.mask
+            log_probs = completion_log_probs(hidden, head, rollout.states[:, length:], self.temperature, keep)
+        # where, not a product: the padding after a completion's end can lie outside the filter (log-prob -inf)
+        return torch.where(rollout.mask.bool(), log_probs, 0.0)
 
     def _completions(self, completion: torch.Tensor, mask: torch.Tensor) -> list[str]:
         return self.tokenizer.batch_decode(completion.masked_fill(~mask.bool(), self.tokenizer.pad_token_id),

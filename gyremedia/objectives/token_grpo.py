@@ -89,8 +89,9 @@ LOG_RATIO_BOUND = 20.0
 
 def log_ratios(log_probs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
     """``[B, T]`` log ratios, clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]``: each token's own (``token``), or
-    its sequence's mean over the masked tokens (``sequence``, GSPO), whose gradient reaches every token's log-prob."""
-    log_ratio = (log_probs - old).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    its sequence's mean over the masked tokens (``sequence``, GSPO), whose gradient reaches every token's log-prob.
+    A token outside both policies' top-k / top-p sets (``-inf - -inf``) counts as unchanged."""
+    log_ratio = (log_probs - old).nan_to_num(nan=0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     if level == "token":
         return log_ratio
     if level != "sequence":

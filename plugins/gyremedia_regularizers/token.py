@@ -26,7 +26,8 @@ LOG_RATIO_BOUND, K3_BOUND = 20.0, 10.0
 
 def k3(log_probs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     """Per-token ``exp(d) - d - 1`` with ``d = reference - log_probs``, both bounded (see the module docstring)."""
-    delta = (reference - log_probs).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    # a token outside both policies' top-k / top-p sets (-inf - -inf) is no divergence
+    delta = (reference - log_probs).nan_to_num(nan=0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     return (torch.exp(delta) - delta - 1).clamp(max=K3_BOUND)
 
 

@@ -4,6 +4,7 @@ the k3 KL, export, and the config's refusals."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -264,3 +265,28 @@ def test_stop_strings_are_looked_for_in_the_newest_tokens_only(make_llm_config, 
     assert max(widths) == 4 * len("w4000") and len(widths) > 20
     for text in policy.media(rollout).data:
         assert not any(s in text[:-1] for s in ("w4000", "=w"))
+
+
+@pytest.mark.parametrize("filtering", ["backbone.top_p=0.6", "backbone.top_k=3"])
+def test_the_replay_takes_log_probs_under_the_filter_the_rollout_sampled_with(make_llm_config, filtering):
+    """With top-p or top-k the rollout samples from the filtered distribution: the replay's log-probs are that
+    distribution's (before, the unfiltered ones: every TIS weight was the nucleus mass, not 1)."""
+    from gyremedia.objectives.token_grpo import importance_weights
+
+    policy = backbone(make_llm_config, filtering, "backbone.max_new_tokens=6")
+    rollout = policy.collect_rollout(request(PROMPTS * 2), None)
+    with torch.no_grad():
+        replayed = policy.token_log_probs(rollout)
+    torch.testing.assert_close(replayed, rollout.log_probs * rollout.mask, atol=1e-5, rtol=0)
+    weights = importance_weights(replayed, rollout.log_probs, "tis", cap=2.0, threshold=1.0)[rollout.mask]
+    torch.testing.assert_close(weights, torch.ones_like(weights), atol=1e-4, rtol=0)
+    assert (rollout.log_probs[rollout.mask] < 0).any()  # a real draw, not one certain token each time
+
+
+def test_a_filtered_policy_trains_with_finite_losses(make_llm_config):
+    """Two passes over each rollout under top-p: after the first update a sampled token may leave the nucleus (its
+    log-prob -inf); the bounded log ratio keeps the loss and the gradient finite (train.on_nonfinite stops else)."""
+    config = make_llm_config("backbone.top_p=0.6", "train.num_iterations=2", "train.learning_rate=0.05",
+                             "objective.kl_beta=0.04", "train.steps=3")
+    state = Trainer(config, PluginManager()).train()
+    assert state.step == 3 and math.isfinite(state.last_metrics["loss"])
