@@ -15,6 +15,7 @@ compares with the one it is given.
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import logging
@@ -31,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load, save
+
+from gyremedia.distributed import raise_together
 
 logger = logging.getLogger("gyremedia")
 
@@ -184,25 +187,28 @@ def _torch_bytes(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
+#: Exact types (a subclass such as numpy.float64, an IntEnum or a defaultdict is refused by the loader).
 _PLAIN = (bool, int, float, str, type(None))
+_CONTAINERS = (list, tuple, dict, collections.OrderedDict)
 
 
 def check_plain(value: Any, where: str) -> None:
     """Raise :class:`CheckpointError` unless ``value`` is tensors and plain values only (what
     ``torch.load(weights_only=True)`` reads back without running code), naming ``where`` it is not."""
-    if isinstance(value, (torch.Tensor, *_PLAIN)):
+    kind = type(value)
+    if isinstance(value, torch.Tensor) or kind in _PLAIN:
         return
-    if isinstance(value, (list, tuple)):
+    if kind in (list, tuple):
         for i, item in enumerate(value):
             check_plain(item, f"{where}[{i}]")
         return
-    if isinstance(value, dict):
+    if kind in _CONTAINERS:
         for key, item in value.items():
-            if not isinstance(key, _PLAIN):
+            if type(key) not in _PLAIN:
                 raise CheckpointError(f"{where} has a key of type {type(key).__name__}: {_PLAIN_ONLY}")
             check_plain(item, f"{where}[{key!r}]")
         return
-    raise CheckpointError(f"{where} is a {type(value).__module__}.{type(value).__qualname__}: {_PLAIN_ONLY}")
+    raise CheckpointError(f"{where} is a {kind.__module__}.{kind.__qualname__}: {_PLAIN_ONLY}")
 
 
 _PLAIN_ONLY = ("a checkpoint stores tensors, numbers, strings, lists and dicts only (it is read back with "
@@ -325,7 +331,10 @@ class LoadedCheckpoint:
 def _numpy_rng_globals() -> list[Any]:
     """What numpy's own RNG state tuple pickles to: the allow-list for RNG files written before 2026-12."""
     core = getattr(np, "_core", None) or np.core
-    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    reconstruct = core.multiarray._reconstruct
+    # numpy 2 pickles it as numpy._core..., numpy 1 as numpy.core...
+    return [reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct"), np.ndarray, np.dtype,
+            type(np.dtype(np.uint32))]
 
 
 def load_plain(file: Path, *, map_location: Any = None, old_rng: bool = False) -> Any:
@@ -349,7 +358,9 @@ def load_plain(file: Path, *, map_location: Any = None, old_rng: bool = False) -
             "to load it, since unpickling them could run any code; if you wrote it yourself and trust it, resume "
             "from an earlier checkpoint, or start a new run (run.output_dir) from its trainable.safetensors "
             "weights") from exc
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+    except (RuntimeError, EOFError, ValueError) as exc:  # a read error (OSError) is the disk's, not the file's
+        if isinstance(exc, torch.OutOfMemoryError):
+            raise
         raise CorruptCheckpoint(f"{Path(file).name}: {type(exc).__name__}: {exc}") from exc
 
 
@@ -367,12 +378,13 @@ def read_checkpoint(accelerator, path: Path) -> LoadedCheckpoint:
     verify(path)
     # torch.load restores no indexed CPU device, which accelerate names its gloo processes' device (cpu:0)
     device = torch.device("cpu") if accelerator.device.type == "cpu" else accelerator.device
+    data, text = (path / WEIGHTS).read_bytes(), (path / TRAINER_STATE).read_text(errors="replace")
     try:
-        weights = load((path / WEIGHTS).read_bytes())
-        weights = {k: v.to(device) for k, v in weights.items()}
-        state = json.loads((path / TRAINER_STATE).read_text())
+        weights, state = load(data), json.loads(text)
     except Exception as exc:  # noqa: BLE001 - whatever a damaged file raises, the checkpoint is unusable
         raise CorruptCheckpoint(f"{type(exc).__name__}: {exc}") from exc
+    # outside: a failure here (out of memory) is not the checkpoint's
+    weights = {k: v.to(device) for k, v in weights.items()}
     # on the CPU: load_state_dict moves each state to its parameter's device; a sharded run's (whole) state
     # must not land whole on every accelerator
     optimizer = load_plain(path / OPTIMIZER, map_location="cpu")
@@ -403,18 +415,20 @@ def read_latest_checkpoint(accelerator, run_dir: Path) -> LoadedCheckpoint | Non
             loaded = read_checkpoint(accelerator, path)
         except CorruptCheckpoint as exc:
             error, code = exc, 1
-        except UnsafeCheckpoint as exc:
+        except Exception as exc:  # noqa: BLE001 - unsafe, or not the checkpoint's fault (a read error, out of memory)
             error, code = exc, 2
         worst = _worst_on_any_rank(accelerator, code)
         if worst == 0:
             return loaded
-        if worst == 2:
-            raise error if isinstance(error, UnsafeCheckpoint) else UnsafeCheckpoint(
-                f"{path} holds Python objects on another process's RNG file: gyremedia refuses to load it")
+        if worst == 2:  # every process stops, the checkpoint left where it is
+            raise_together(accelerator, error if code == 2 else None)
         why = error or "unreadable on another process"
         damaged.append(f"{path.name} ({why})")
         if accelerator.is_main_process:
-            set_aside(path, why)
+            try:
+                set_aside(path, why)
+            except OSError as exc:  # it stays, and is skipped again next time
+                logger.warning("could not move the damaged checkpoint %s aside: %s", path, exc)
         accelerator.wait_for_everyone()
     if damaged:
         raise NoUsableCheckpoint(

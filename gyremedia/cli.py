@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from importlib import resources
 from pathlib import Path
 
@@ -139,8 +140,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     config = runs.run_config(Path(args.run_dir), [], pm)
     if args.lora_only and not config.backbone.options.lora.enabled:
         raise ConfigError("--lora-only: this run trained the full model (backbone.lora.enabled=false)")
-    if not args.overwrite:
-        runs.refuse_to_overwrite(Path(args.out_dir))
+    runs.check_export_folder(Path(args.out_dir), Path(args.run_dir), args.overwrite)
     runs.quiet_libraries()
     backbone = runs.build_backbone(config, pm)
     checkpoint = runs.load_trained_weights(backbone, Path(args.run_dir))
@@ -263,8 +263,20 @@ def exit_cleanly(code: int) -> None:
 
 
 def run() -> None:
-    """The ``gyremedia`` command."""
-    exit_cleanly(main())
+    """The ``gyremedia`` command: every way out of :func:`main` (a traceback included) goes through
+    :func:`exit_cleanly`."""
+    code = 1
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse's usage errors, --help
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:  # outside the training loop, which handles it itself
+        code = 130
+    except BaseException:  # noqa: BLE001 - shown as Python would, then the same exit
+        traceback.print_exc()
+    exit_cleanly(code)
 
 
 if __name__ == "__main__":

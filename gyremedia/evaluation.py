@@ -37,9 +37,14 @@ class EvalResult:
     extras: dict[str, Any] = field(default_factory=dict)  # generated (the policy's), preference: for further measurements
 
     def means(self, prefix: str = "eval/") -> dict[str, float]:
-        """Each score's mean over the samples it applies to; ``<reward>/dropped`` is a count, as in training."""
-        return {**{f"{prefix}{k}": float(v.sum()) if k.endswith("/dropped") else nanmean(v) for k, v in self.scores.items()},
+        """Each score's :func:`summary` value, and the in-group diversity."""
+        return {**{f"{prefix}{k}": summary(k, v) for k, v in self.scores.items()},
                 f"{prefix}diversity": in_group_diversity(self.media, self.prompts)}
+
+
+def summary(key: str, values: torch.Tensor) -> float:
+    """A score's mean over the samples it applies to; ``<reward>/dropped`` a count, as in training."""
+    return float(values.sum()) if key.endswith("/dropped") else nanmean(values)
 
 
 def in_group_diversity(media: Media, prompts: list[str]) -> float:

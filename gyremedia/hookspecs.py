@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
     import torch
     from accelerate import Accelerator
-    from omegaconf import DictConfig
 
+    from gyremedia.config import ResolvedConfig
     from gyremedia.interfaces import RolloutRequest
     from gyremedia.rollout import Media, Rollout
     from gyremedia.state import TrainState
@@ -116,8 +116,9 @@ def gyremedia_register_loggers(register: Register) -> None:
 
 
 @hookspec
-def gyremedia_configure(config: DictConfig, accelerator: Accelerator) -> None:
-    """Called once after the config is validated and the accelerator exists, before models load."""
+def gyremedia_configure(config: ResolvedConfig, accelerator: Accelerator) -> None:
+    """Called once after the config is validated and the accelerator exists, before models load: the place for
+    checks that need the environment (a key, a server), which ``gyremedia config`` and ``export`` do not."""
 
 
 @hookspec(firstresult=True)

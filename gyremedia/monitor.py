@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 
-from gyremedia.evaluation import EvalResult, nanmean, score
+from gyremedia.evaluation import EvalResult, score, summary
 
 logger = logging.getLogger("gyremedia")
 
@@ -49,7 +49,7 @@ class HackingMonitor:
         for key, values in score(self.gold, result.media, result.prompts, self.selected,
                                  f"in the step-{step} evaluation").items():
             result.scores[f"gold/{key}"] = values  # per sample, for the run's paired base-vs-trained changes
-            metrics[f"eval/gold/{key}"] = nanmean(values)
+            metrics[f"eval/gold/{key}"] = summary(key, values)
         if self.settings.drift:
             metrics["eval/drift"] = backbone.reference_drift(result.prompts, result.extras["generated"],
                                                              levels=self.settings.drift_levels,

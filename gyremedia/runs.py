@@ -49,7 +49,12 @@ def check_resumed_settings(saved_yaml: str, config: ResolvedConfig, overridden: 
 
     Raises :class:`ConfigError` with one line per refused key."""
     saved, new = (_flat(OmegaConf.to_container(OmegaConf.create(text))) for text in (saved_yaml, config.to_yaml()))
-    changed = sorted(k for k in saved.keys() | new.keys() if saved.get(k, "(unset)") != new.get(k, "(unset)"))
+    # An option one config lacks inside a section both have was added to (or removed from) gyremedia since the run
+    # was written: it is not a change of the run's (an added or removed section, e.g. a second reward, still is).
+    sections = [{k.rpartition(".")[0] for k in flat} for flat in (saved, new)]
+    versions = {k for k in saved.keys() ^ new.keys() if all(k.rpartition(".")[0] in s for s in sections)}
+    changed = sorted(k for k in (saved.keys() | new.keys()) - versions
+                     if saved.get(k, "(unset)") != new.get(k, "(unset)"))
     refused = [k for k in changed if not _covers(k, RESUMABLE_SETTINGS) and not _covers(k, overridden)]
     if refused:
         errors = [f"{k}={new.get(k, '(unset)')!r} differs from the {saved.get(k, '(unset)')!r} the run was trained "
@@ -105,11 +110,16 @@ def load_trained_weights(backbone: Any, run_dir: Path, checkpoint: Path | None =
     return checkpoint
 
 
-def refuse_to_overwrite(out_dir: Path) -> None:
-    """Refuse an export into a folder that holds anything (stale files would mix with the new model's)."""
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"{out} is not empty: export into a new folder, or add --overwrite to replace what it holds")
+def check_export_folder(out_dir: Path, run_dir: Path, overwrite: bool) -> None:
+    """Refuse an export into the run folder or a folder holding it (an export replaces its folder whole), and,
+    unless ``overwrite``, into a folder that holds anything (stale files would mix with the new model's)."""
+    out, run = Path(out_dir).resolve(), Path(run_dir).resolve()
+    if out == run or out in run.parents:
+        raise ConfigError(f"{out_dir} holds the run folder {run_dir}: export into a folder of its own (an export "
+                          "replaces its folder whole)")
+    if not overwrite and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out_dir} is not empty: export into a new folder, or add --overwrite to replace what it "
+                          "holds")
 
 
 def export_whole(backbone: Any, out_dir: Path, *, merge_lora: bool) -> None:

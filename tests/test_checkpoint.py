@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 
@@ -229,3 +230,76 @@ def test_a_cut_off_config_yaml_gives_way_to_the_checkpoints_copy(make_config, tm
         assert resume(run, "train.steps=3").step == 3
     assert f"{config} does not parse (ScannerError): using the copy in {run / 'checkpoints' / 'step-000002'}" in caplog.text
     assert config.read_text() == (run / "checkpoints" / "step-000003" / "config.yaml").read_text()  # whole again
+
+
+def test_a_run_written_before_an_option_existed_resumes_and_a_new_section_is_still_a_change(make_config, tmp_path):
+    """An option gyremedia added since the run was written (missing from its saved config) is no change of the run's;
+    a reward the run did not have is."""
+    import json
+
+    run = tmp_path / "run"
+    train(make_config, "train.steps=2")
+    latest = list_checkpoints(run)[-1]  # as written before checkpoints kept their config
+    (latest / checkpoint.CONFIG).unlink()
+    manifest = json.loads((latest / checkpoint.MANIFEST).read_text())
+    del manifest[checkpoint.CONFIG]
+    (latest / checkpoint.MANIFEST).write_text(json.dumps(manifest))
+    config = run / "config.yaml"
+    config.write_text("".join(line for line in config.read_text().splitlines(keepends=True) if "max_dropped" not in line))
+    with pytest.raises(ConfigError, match=r"rewards.1.name=.clip_score. differs from the .\(unset\)."):
+        resume(run, "train.steps=3", "rewards=[jpeg_compressibility, clip_score]")
+    assert resume(run, "train.steps=3").step == 3
+
+
+def test_what_the_loader_refuses_is_refused_when_saving(tmp_path):
+    import numpy as np
+    import torch
+
+    plain = {"a": [1, 2.5, "x", None, True], "b": (torch.ones(2),), "c": {"d": {}}}
+    checkpoint.check_plain(plain, "state")
+    torch.save(plain, tmp_path / "plain.pt")
+    checkpoint.load_plain(tmp_path / "plain.pt")
+    for bad in (np.float64(1.0), collections.defaultdict(list), object()):
+        with pytest.raises(CheckpointError, match=r"state\['x'\] is a "):
+            checkpoint.check_plain({"x": bad}, "state")
+        torch.save({"x": bad}, tmp_path / "bad.pt")
+        with pytest.raises(checkpoint.UnsafeCheckpoint):
+            checkpoint.load_plain(tmp_path / "bad.pt")
+
+
+def test_rng_files_pickled_under_numpy_1_still_load(tmp_path):
+    """numpy 1 names its array rebuilder numpy.core.multiarray._reconstruct, numpy 2 numpy._core...: both allowed."""
+    import random
+    import zipfile
+
+    import numpy as np
+    import torch
+
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+               tmp_path / "new.pt")
+    with zipfile.ZipFile(tmp_path / "new.pt") as source, zipfile.ZipFile(tmp_path / "old.pt", "w") as target:
+        for item in source.infolist():
+            data = source.read(item.filename)
+            if item.filename.endswith("data.pkl"):
+                data = data.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+            target.writestr(item, data)
+    assert (checkpoint._load_rng(tmp_path / "old.pt")["numpy"][1] == np.random.get_state()[1]).all()
+
+
+def test_a_read_error_is_not_damage(make_config, tmp_path, monkeypatch):
+    """The disk failing while a checkpoint is read (an OSError) stops the resume; the checkpoint is not moved aside."""
+    from pathlib import Path
+
+    run = tmp_path / "run"
+    train(make_config, "train.steps=2")
+    real = Path.read_bytes
+
+    def flaky(path):
+        if path.name == checkpoint.WEIGHTS:
+            raise OSError(5, "Input/output error")
+        return real(path)
+
+    monkeypatch.setattr(Path, "read_bytes", flaky)
+    with pytest.raises(OSError, match="Input/output error"):
+        resume(run, "train.steps=3")
+    assert [p.name for p in list_checkpoints(run)] == ["step-000002"] and not (run / "checkpoints" / "damaged").exists()

@@ -54,6 +54,8 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "blank.txt").write_text("\n   \n\n")
     (tmp_path / "latin1.txt").write_bytes("a red circle\ncafé au lait\n".encode("latin-1"))
     (tmp_path / "notarun").mkdir()
+    (tmp_path / "exported").mkdir()
+    (tmp_path / "exported" / "model_index.json").write_text("{}")
     old = tmp_path / "runs" / "old" / "checkpoints" / "step-000001"
     old.mkdir(parents=True)
     (old / "trainer_state.json").write_text("{}")
@@ -61,7 +63,6 @@ def workdir(tmp_path, monkeypatch):
     quickstart = resolve_config(load_config(bundled_config(DEFAULT_CONFIG), ["run.output_dir=runs/old"]), PluginManager())
     (old.parents[1] / "config.yaml").write_text(quickstart.to_yaml())
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
 
     def refuse(*args, **kwargs):
         raise AssertionError("a component was built: the error came too late")

@@ -271,9 +271,11 @@ class CausalLMBackbone(TransformerPolicy):
         length = rollout.extras["prompt_length"]
         attention = torch.cat([rollout.conditions["prompt_mask"], rollout.mask.long()], dim=1)
         hidden = self._hidden(rollout.states, attention, reference=reference)[:, length - 1:-1]
-        # the distribution the rollout sampled from: its log-probs (and an importance correction's weights) then
-        # compare like with like; without this, under top_p < 1 every sampler-vs-trainer weight was the nucleus mass
-        keep = self._filter if self.options.top_k or self.options.top_p < 1 else None
+        # The policy's: the distribution the rollout sampled from, so its log-probs (and an importance correction's
+        # weights) compare like with like; under top_p < 1 every sampler-vs-trainer weight was the nucleus mass.
+        # The reference's: its whole distribution, so the KL stays finite for a token outside its top-p set and
+        # pulls back exactly the tokens that drifted (it starts at -log of the nucleus mass, not at 0).
+        keep = self._filter if (self.options.top_k or self.options.top_p < 1) and not reference else None
         with self._head(reference) as head:
             log_probs = completion_log_probs(hidden, head, rollout.states[:, length:], self.temperature, keep)
         # where, not a product: the padding after a completion's end can lie outside the filter (log-prob -inf)

@@ -83,15 +83,20 @@ def aggregate_tokens(values: torch.Tensor, mask: torch.Tensor, loss_type: str, *
     raise ValueError(f"loss_type {loss_type!r}: expected grpo, bnpo, dr_grpo or dapo")
 
 
-#: The largest ``|log pi_theta - log pi_old|`` a ratio is taken of (verl's bound).
+#: The largest ``|log p - log q|`` a ratio is taken of (verl's bound, for the policy ratio and the k3 KL).
 LOG_RATIO_BOUND = 20.0
 
 
+def bounded_log_ratio(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """``log p - log q`` clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` (no gradient beyond); a token outside
+    both policies' top-k / top-p sets (``-inf - -inf``) counts as no change."""
+    return (log_p - log_q).nan_to_num(nan=0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
+
 def log_ratios(log_probs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
-    """``[B, T]`` log ratios, clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]``: each token's own (``token``), or
-    its sequence's mean over the masked tokens (``sequence``, GSPO), whose gradient reaches every token's log-prob.
-    A token outside both policies' top-k / top-p sets (``-inf - -inf``) counts as unchanged."""
-    log_ratio = (log_probs - old).nan_to_num(nan=0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    """``[B, T]`` bounded log ratios (:func:`bounded_log_ratio`): each token's own (``token``), or its sequence's
+    mean over the masked tokens (``sequence``, GSPO), whose gradient reaches every token's log-prob."""
+    log_ratio = bounded_log_ratio(log_probs, old)
     if level == "token":
         return log_ratio
     if level != "sequence":

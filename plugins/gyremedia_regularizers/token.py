@@ -18,16 +18,16 @@ from typing import Any
 import torch
 
 from gyremedia.interfaces import LossOutput
+from gyremedia.objectives.token_grpo import bounded_log_ratio
 
 
-#: verl's bounds: on ``d`` before the exponential, and on the estimate.
-LOG_RATIO_BOUND, K3_BOUND = 20.0, 10.0
+#: verl's bound on the estimate (``d`` is bounded by :func:`gyremedia.objectives.token_grpo.bounded_log_ratio`).
+K3_BOUND = 10.0
 
 
 def k3(log_probs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     """Per-token ``exp(d) - d - 1`` with ``d = reference - log_probs``, both bounded (see the module docstring)."""
-    # a token outside both policies' top-k / top-p sets (-inf - -inf) is no divergence
-    delta = (reference - log_probs).nan_to_num(nan=0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    delta = bounded_log_ratio(reference, log_probs)
     return (torch.exp(delta) - delta - 1).clamp(max=K3_BOUND)
 
 

@@ -5,11 +5,12 @@ reward, so listing plugins stays fast and a missing optional package fails only 
 """
 
 from gyremedia import hookimpl
+from gyremedia.config import ConfigError
 from gyremedia_rewards.clip import ClipOptions, ClipScore, ClipSteering, ClipSteeringOptions
 from gyremedia_rewards.compressibility import JpegCompressibility, JpegOptions
 from gyremedia_rewards.ocr import OcrOptions, OcrReward
 from gyremedia_rewards.text import FormatOptions, FormatReward, LengthPenalty, LengthPenaltyOptions
-from gyremedia_rewards.vlm_judge import VlmJudge, VlmJudgeOptions
+from gyremedia_rewards.vlm_judge import VlmJudge, VlmJudgeOptions, missing_key
 
 
 @hookimpl
@@ -28,3 +29,14 @@ def gyremedia_register_rewards(register):
              description="text: DAPO's soft overlong punishment, 0 below max_length - cache, down to -1 at max_length")
     register("vlm_judge", VlmJudge, options=VlmJudgeOptions,
              description="a vision-language model behind an OpenAI-compatible server grades each image by a rubric")
+
+
+@hookimpl
+def gyremedia_configure(config, accelerator):
+    """A training run stops before any model loads when a judge on another machine has no key (checked here, not
+    with the options, so ``gyremedia export`` and ``config`` of such a run need no key)."""
+    for key, selected in [*((f"rewards.{i}", s) for i, s in enumerate(config.rewards)),
+                          *((f"monitor.gold.{i}", s) for i, s in enumerate(config.gold_rewards))]:
+        why = isinstance(selected.options, VlmJudgeOptions) and missing_key(selected.options)
+        if why:
+            raise ConfigError(f"{key}.api_key_env={selected.options.api_key_env!r}: {why}")

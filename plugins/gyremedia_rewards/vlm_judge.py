@@ -68,17 +68,23 @@ class VlmJudgeOptions:
     temperature: float = option(0.0, ge=0, help="the judge's sampling temperature")
 
     def validate(self) -> None:
-        """A server elsewhere gets its key before any model loads, and only over https unless the yaml opts in."""
+        """A key goes to a server elsewhere only over https, unless the yaml opts in."""
         url = urllib.parse.urlsplit(self.base_url)
         if is_loopback(url.hostname or ""):
             return
-        if self.api_key_env and not os.environ.get(self.api_key_env):
-            raise OptionError("api_key_env", f"{self.api_key_env} is not set, and base_url={self.base_url} is not on "
-                                             f"this machine: export {self.api_key_env}=<key> before the run, or set "
-                                             "api_key_env to '' for a server that takes no key")
         if self.api_key_env and url.scheme != "https" and not self.allow_insecure_key:
             raise OptionError("base_url", f"{self.base_url} would send the key in {self.api_key_env} unencrypted to "
                                           "another machine: use https://, or set allow_insecure_key: true")
+
+
+def missing_key(options: VlmJudgeOptions) -> str | None:
+    """Why a judge on another machine cannot be called: its key's variable is not set (``None`` when it can)."""
+    if is_loopback(urllib.parse.urlsplit(options.base_url).hostname or "") or not options.api_key_env:
+        return None
+    if os.environ.get(options.api_key_env):
+        return None
+    return (f"{options.api_key_env} is not set, and base_url={options.base_url} is not on this machine: export "
+            f"{options.api_key_env}=<key> before the run, or set api_key_env to '' for a server that takes no key")
 
 
 def is_loopback(host: str) -> bool:

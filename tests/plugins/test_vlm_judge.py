@@ -103,9 +103,7 @@ def test_text_answers_are_judged_as_an_llm_judge(server):
 @pytest.mark.parametrize("url,env,extra,error", [
     ("http://127.0.0.1:8000/v1", {}, {}, None),  # a keyless local server stays the default
     ("http://localhost:8000/v1", {"OPENAI_API_KEY": "k"}, {}, None),
-    ("https://judge.example.com/v1", {}, {},
-     "api_key_env='OPENAI_API_KEY': OPENAI_API_KEY is not set, and base_url=https://judge.example.com/v1 is not on this "
-     "machine: export OPENAI_API_KEY=<key> before the run, or set api_key_env to '' for a server that takes no key"),
+    ("https://judge.example.com/v1", {}, {}, None),  # a missing key is the run's problem (below), not the config's
     ("https://judge.example.com/v1", {"OPENAI_API_KEY": "k"}, {}, None),
     ("http://10.1.2.3:8000/v1", {"OPENAI_API_KEY": "k"}, {},
      "base_url='http://10.1.2.3:8000/v1': http://10.1.2.3:8000/v1 would send the key in OPENAI_API_KEY unencrypted to "
@@ -113,8 +111,7 @@ def test_text_answers_are_judged_as_an_llm_judge(server):
     ("http://10.1.2.3:8000/v1", {"OPENAI_API_KEY": "k"}, {"allow_insecure_key": True}, None),
     ("http://judge-node:8000/v1", {}, {"api_key_env": ""}, None),  # a server elsewhere that takes no key
 ])
-def test_the_key_goes_only_over_https_or_to_loopback_and_must_be_set_for_a_remote_judge(monkeypatch, url, env, extra,
-                                                                                          error):
+def test_the_key_goes_only_over_https_or_to_loopback(monkeypatch, url, env, extra, error):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -170,3 +167,28 @@ def test_the_key_is_not_forwarded_when_the_judge_redirects_to_another_host(monke
     assert seen == [("127.0.0.1", "/v1/redirect-away", "Bearer secret"), ("127.0.0.2", "/v1/chat/completions", None),
                     ("127.0.0.1", "/v1/redirect-here", "Bearer secret"),
                     ("127.0.0.1", "/v1/chat/completions", "Bearer secret")]
+
+
+def test_a_run_with_a_remote_judge_and_no_key_stops_before_any_model_loads(make_config, monkeypatch):
+    """Checked when training starts (gyremedia_configure), not with the options: `gyremedia export` and `config` of
+    such a run need no key."""
+    from gyremedia.config import ConfigError
+    from gyremedia.plugins import PluginManager
+    from gyremedia.trainer import Trainer
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    config = make_config("rewards=[{name: vlm_judge, base_url: 'https://judge.example.com/v1'}]")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a component was built before the key was checked")
+
+    monkeypatch.setattr(PluginManager, "build", refuse)
+    with pytest.raises(ConfigError) as info:
+        Trainer(config, PluginManager()).setup()
+    assert str(info.value) == (
+        "rewards.0.api_key_env='OPENAI_API_KEY': OPENAI_API_KEY is not set, and base_url=https://judge.example.com/v1 "
+        "is not on this machine: export OPENAI_API_KEY=<key> before the run, or set api_key_env to '' for a server "
+        "that takes no key")
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    with pytest.raises(AssertionError, match="a component was built"):  # with the key, setup goes on to build
+        Trainer(config, PluginManager()).setup()
