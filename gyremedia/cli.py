@@ -237,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, PluginError, RewardError, NonFiniteLoss, CheckpointError, Interrupted, FailedElsewhere) as exc:
         if getattr(args, "debug", False):
             raise
-        print(f"gyremedia: error: {exc}", file=sys.stderr)
+        # one write of the whole line: the processes of a run share stderr, and print's separate write of the
+        # newline (unbuffered, PYTHONUNBUFFERED=1) let another process's line land in the middle of this one
+        sys.stderr.write(f"gyremedia: error: {exc}\n")
+        sys.stderr.flush()
         return exc.exit_code
 
 
