@@ -34,14 +34,18 @@ def stream_rng(seed: int, step: int, stream: Stream, *keys: int) -> np.random.Ge
     return np.random.default_rng([seed, step, int(stream), *(int(k) for k in keys)])
 
 
-def sample_generators(seed: int, step: int, stream: Stream | tuple[int, ...], ids: list[int]) -> list[torch.Generator]:
-    """One CPU torch generator per id, seeded from ``(seed, step, stream..., id)`` through numpy's SeedSequence.
+def sample_generators(seed: int, step: int, stream: Stream | tuple[int, ...], ids: list[int],
+                      device: torch.device | str = "cpu") -> list[torch.Generator]:
+    """One torch generator per id on ``device``, seeded from ``(seed, step, stream..., id)`` through numpy's
+    SeedSequence.
 
     ``stream`` is a :class:`Stream`, or a tuple that starts with one and adds keys (a micro-step, a tree path).
+    A generator on the device draws there (no host copy per draw); its numbers are the same on any number of
+    processes of one device type, not across types (a CUDA generator is not the CPU's).
     """
     streams = [int(s) for s in stream] if isinstance(stream, tuple) else [int(stream)]
     generators = []
     for sample_id in ids:
         state = np.random.SeedSequence([seed, step, *streams, int(sample_id)]).generate_state(2, dtype=np.uint32)
-        generators.append(torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1])))
+        generators.append(torch.Generator(device=device).manual_seed(int(state[0]) << 32 | int(state[1])))
     return generators

@@ -46,6 +46,9 @@ class CausalLMOptions:
     lora: LoraOptions = field(default_factory=lambda: LoraOptions(target_modules=["q_proj", "k_proj", "v_proj",
                                                                                   "o_proj"]))
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
+    disable_dropout: bool = option(True, help="dropout off in the update too (as TRL's disable_dropout), so the "
+                                   "replay's log-probs equal the rollout's and the KL is not noisy; rollouts "
+                                   "always sample in eval mode")
     max_new_tokens: int = option(64, ge=1, help="longest completion, in tokens")
     temperature: float = option(1.0, gt=0, help="sampling temperature of rollouts (and of the trained log-probs)")
     top_p: float = option(1.0, gt=0, le=1, help="nucleus sampling: keep the smallest set of tokens with this mass")
@@ -56,14 +59,25 @@ class CausalLMOptions:
     batch_size: int = option(64, ge=1, help="prompts generated at once in evaluation")
 
 
-def gumbel_noise(generators: list[torch.Generator], vocabulary: int, device: torch.device) -> torch.Tensor:
-    """``[B, V]`` Gumbel noise for one position, the next ``V`` uniforms of each sample's generator.
+def gumbel_noise(generators: list[torch.Generator], vocabulary: int) -> torch.Tensor:
+    """``[B, V]`` Gumbel noise for one position, the next ``V`` uniforms of each sample's generator, drawn on
+    the generators' device.
 
     Drawn one position at a time, never ``[B, T, V]`` at once (at a 151,936-token vocabulary that was 2.3 GiB
     per 16 rows and 256 tokens, twice: on the host and on the device); a generator's successive draws are the
     numbers one draw of all positions gave, so every sample is the same as before, on any number of processes."""
-    uniform = torch.stack([torch.rand(vocabulary, generator=g) for g in generators])
-    return -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1 - 1e-7))).to(device)
+    uniform = torch.stack([torch.rand(vocabulary, generator=g, device=g.device) for g in generators])
+    return -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1 - 1e-7)))
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Every dropout of ``model`` at probability 0: its ``nn.Dropout`` layers and the attention dropout rate
+    transformers' attention modules keep as a float (the saved config is left as it was)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
 
 
 def chunked_positions(rows: int, positions: int, vocabulary: int) -> int:
@@ -114,6 +128,8 @@ class CausalLMBackbone(TransformerPolicy):
         self.transformer.to(self.device)
         self.transformer.generation_config.pad_token_id = self.tokenizer.pad_token_id
         self._check_head_reads_last_hidden()
+        if options.disable_dropout:
+            disable_dropout(self.transformer)
         self._prepare_training(options.lora, options.gradient_checkpointing, context.mixed_precision)
         self.max_new_tokens = options.max_new_tokens
         self.temperature = options.temperature
@@ -220,7 +236,7 @@ class CausalLMBackbone(TransformerPolicy):
                 log_prob = torch.zeros(len(token), device=self.device)
             else:
                 scores = self._filter(scores / temperature)
-                token = (scores + gumbel_noise(generators, scores.shape[-1], self.device)).argmax(-1)  # ~ softmax
+                token = (scores + gumbel_noise(generators, scores.shape[-1])).argmax(-1)  # ~ softmax
                 log_prob = scores.log_softmax(-1).gather(-1, token[:, None])[:, 0]
             tokens.append(torch.where(done, pad, token))
             log_probs.append(torch.where(done, 0.0, log_prob))
@@ -254,7 +270,7 @@ class CausalLMBackbone(TransformerPolicy):
         for begin in range(0, len(request.prompts), chunk):
             span = slice(begin, begin + chunk)
             generators = sample_generators(request.seed, request.step, Stream.GENERATION,
-                                           request.sample_ids[span].tolist())
+                                           request.sample_ids[span].tolist(), self.device)
             parts.append(self._sample(prompt_ids[span], prompt_mask[span], generators, self.temperature))
         width = max(p[0].shape[1] for p in parts)
         pad = self.tokenizer.pad_token_id
@@ -299,7 +315,8 @@ class CausalLMBackbone(TransformerPolicy):
         for begin in range(0, len(prompts), size):
             chunk = prompts[begin:begin + size]
             ids, attention = self._tokenize(chunk)
-            generators = sample_generators(seed, 0, Stream.GENERATION, list(range(begin, begin + len(chunk))))
+            generators = sample_generators(seed, 0, Stream.GENERATION, list(range(begin, begin + len(chunk))),
+                                           self.device)
             completion, _, mask, _ = self._sample(ids, attention, generators if temperature else None, temperature)
             texts += self._completions(completion, mask)
             rollouts.append(Rollout(prompts=chunk, sample_ids=torch.arange(len(chunk)), group_ids=torch.arange(len(chunk)),

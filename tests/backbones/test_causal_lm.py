@@ -290,3 +290,23 @@ def test_a_filtered_policy_trains_with_finite_losses(make_llm_config):
                              "objective.kl_beta=0.04", "train.steps=3")
     state = Trainer(config, PluginManager()).train()
     assert state.step == 3 and math.isfinite(state.last_metrics["loss"])
+
+
+@pytest.mark.parametrize("disable", [True, False])
+def test_dropout_is_off_in_the_update_unless_the_yaml_keeps_it(make_llm_config, tiny_lm, tmp_path, disable):
+    """A model saved with attention dropout replays, in train mode, the log-probs its rollout recorded (in eval
+    mode) exactly when ``disable_dropout`` is on; kept on, the replay is noisy."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tmp_path / "dropout_lm"
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm, attention_dropout=0.5)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_lm).save_pretrained(folder)
+    policy = backbone(make_llm_config, f"backbone.pretrained={folder}", f"backbone.disable_dropout={disable}")
+    rollout = policy.collect_rollout(request(PROMPTS), None)
+    policy.trainable_module().train()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        replayed = policy.token_log_probs(rollout)
+    same = torch.allclose(replayed, rollout.log_probs * rollout.mask, atol=1e-5, rtol=0)
+    assert same == disable
