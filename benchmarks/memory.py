@@ -3,6 +3,7 @@
     python benchmarks/memory.py [--sizes 5M 25M 100M 200M] [--quick] [--modes full lora]
                                 [--checkpointing off on] [--steps 3] [--mixed-precision none]
                                 [--json PATH] [--report PATH ...]
+    python benchmarks/memory.py --real-shapes [...]   # every family at its real shapes: benchmarks/real_shapes.py
 
 ``--quick`` runs 5M and 25M only (8 configurations, about 2 minutes on 2 CPU cores); the full set, 16
 configurations, takes 4.5 to 11 minutes there, with other jobs on the cores or not.
@@ -475,6 +476,10 @@ def report(results: list[dict]) -> list[str]:
 
 
 def main() -> int:
+    if "--real-shapes" in sys.argv[1:]:  # its own options: benchmarks/real_shapes.py
+        import real_shapes
+
+        return real_shapes.main([a for a in sys.argv[1:] if a != "--real-shapes"])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     parser.add_argument("--quick", action="store_true", help=f"only {' and '.join(QUICK)} (under ~2 minutes)")

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions, image_size
+from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions, image_size, unit_range
 from gyremedia.backbones.tiny_flux2 import TinyFlux2Options, build_tiny_flux2_pipeline
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.interfaces import BuildContext
@@ -150,7 +150,7 @@ class Flux2Backbone(DiffusersFlowPolicy):
         std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps)
         latents = self.stock_pipeline_class()._unpatchify_latents(final.to(vae.dtype) * std + mean)
         images = vae.decode(latents, return_dict=False)[0]
-        return Media("image", (images.float() / 2 + 0.5).clamp(0, 1))
+        return Media("image", unit_range(images))
 
 
 @hookimpl

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions
+from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions, unit_range
 from gyremedia.backbones.tiny_sd3 import DEFAULT_WORDS, _byte_alphabet, learn_merges
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.interfaces import BuildContext
@@ -270,7 +270,7 @@ class QwenImageBackbone(DiffusersFlowPolicy):
         mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1).to(latents)
         std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1).to(latents)
         images = vae.decode(latents * std + mean, return_dict=False)[0][:, :, 0]
-        return Media("image", (images.float() / 2 + 0.5).clamp(0, 1))
+        return Media("image", unit_range(images))
 
 
 @hookimpl

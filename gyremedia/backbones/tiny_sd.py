@@ -31,8 +31,12 @@ class TinySDOptions:
     latent_channels: int = option(4, ge=1, help="latent channels")
     vae_channels: list[int] = option(default_factory=lambda: [16, 32], ge=1, help="one downsampling per extra entry")
     unet_channels: list[int] = option(default_factory=lambda: [16, 32], ge=1,
-                                      help="UNet block widths: one downsampling per extra entry; every block but the "
-                                           "first has cross-attention")
+                                      help="UNet block widths: one downsampling per extra entry; which blocks "
+                                           "cross-attend: `attention_blocks`")
+    attention_blocks: Literal["after_first", "before_last"] = option(
+        "after_first", help="after_first: every block but the highest-resolution one cross-attends (the small "
+                            "default); before_last: every block but the lowest-resolution one, as SD 1.x (its "
+                            "attention over 64 x 64 latents at 512 pixels)")
     layers_per_block: int = option(1, ge=1, help="resnet layers per UNet block")
     attention_heads: int = option(2, ge=1, help="heads of the UNet's attention layers")
     text_hidden_size: int = option(32, ge=1, help="width of the CLIP text encoder (the UNet's cross-attention width)")
@@ -47,7 +51,8 @@ class TinySDOptions:
 
     def validate(self) -> None:
         if len(self.unet_channels) < 2:
-            raise OptionError("unet_channels", "give at least two widths: the blocks after the first cross-attend")
+            raise OptionError("unet_channels", "give at least two widths: one block without cross-attention and one "
+                                               "with")
         if self.latent_size % 2 ** (len(self.unet_channels) - 1):
             raise OptionError("latent_size", f"must be a multiple of {2 ** (len(self.unet_channels) - 1)} "
                                              "(one halving per extra unet_channels entry)")
@@ -78,12 +83,18 @@ def sd_scheduler(prediction_type: str = "epsilon", zero_terminal_snr: bool = Fal
                          set_alpha_to_one=False, steps_offset=1, prediction_type=prediction_type, **spacing)
 
 
+DOWN_TO_UP = {"DownBlock2D": "UpBlock2D", "CrossAttnDownBlock2D": "CrossAttnUpBlock2D"}
+
+
 def build_tiny_sd_unet(options: TinySDOptions):
     """The UNet alone (random weights from the current RNG state); SDXL's conditioning for
     :class:`TinySDXLOptions`."""
     from diffusers import UNet2DConditionModel
 
     levels = len(options.unet_channels)
+    attending = ["CrossAttnDownBlock2D"] * (levels - 1)
+    down = (["DownBlock2D", *attending] if options.attention_blocks == "after_first"
+            else [*attending, "DownBlock2D"])
     width, xl = options.text_hidden_size, isinstance(options, TinySDXLOptions)
     extra = dict(addition_embed_type="text_time", addition_time_embed_dim=options.time_embed_dim,
                  projection_class_embeddings_input_dim=6 * options.time_embed_dim + width) if xl else {}
@@ -92,8 +103,7 @@ def build_tiny_sd_unet(options: TinySDOptions):
         in_channels=options.latent_channels,
         out_channels=options.latent_channels,
         block_out_channels=list(options.unet_channels),
-        down_block_types=["DownBlock2D"] + ["CrossAttnDownBlock2D"] * (levels - 1),
-        up_block_types=["CrossAttnUpBlock2D"] * (levels - 1) + ["UpBlock2D"],
+        down_block_types=down, up_block_types=[DOWN_TO_UP[block] for block in reversed(down)],
         layers_per_block=options.layers_per_block,
         cross_attention_dim=2 * width if xl else width,
         attention_head_dim=options.attention_heads,

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions
+from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions, unit_range
 from gyremedia.backbones.tiny_sd3 import DEFAULT_WORDS, build_t5_tokenizer
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.interfaces import BuildContext
@@ -200,7 +200,7 @@ class WanBackbone(DiffusersFlowPolicy):
         inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents)
         # the same expression as the pipeline (dividing by 1/std, not multiplying by std: the same bits)
         video = vae.decode(latents / inv_std + mean, return_dict=False)[0]  # [B, 3, T, H, W] in [-1, 1]
-        frames = (video.float().permute(0, 2, 1, 3, 4) / 2 + 0.5).clamp(0, 1)
+        frames = unit_range(video).permute(0, 2, 1, 3, 4)
         return Media("video", frames, {"fps": self.options.fps})
 
     def usage(self, out_dir: Path, adapters_only: bool) -> str:

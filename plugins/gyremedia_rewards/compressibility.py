@@ -37,11 +37,12 @@ class JpegCompressibility:
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
         data = media.data.detach().cpu()
         frames = data.shape[1] if media.kind == "video" else 1  # video: [B, T, 3, H, W]
-        images = (data.reshape(-1, *data.shape[-3:]).clamp(0, 1) * 255).round().to(torch.uint8)
         sizes = []
-        for image in images.permute(0, 2, 3, 1).numpy():
+        for image in data.reshape(-1, *data.shape[-3:]):  # one frame at a time: a batch of 81-frame clips at
+            # 480p is 0.4 GB of floats per clip, and converting all of it at once made three more copies
+            pixels = (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
             buffer = io.BytesIO()
-            Image.fromarray(np.ascontiguousarray(image)).save(buffer, format="JPEG", quality=self.quality)
+            Image.fromarray(np.ascontiguousarray(pixels)).save(buffer, format="JPEG", quality=self.quality)
             sizes.append(buffer.tell() / 1000)
         size = torch.tensor(sizes, dtype=torch.float32).reshape(-1, frames).mean(dim=1)
         return {"score": self.sign * size, "size_kb": size}

@@ -124,8 +124,11 @@ def dnsmos_segments(wave: np.ndarray) -> np.ndarray:
                      if i * SAMPLE_RATE + DNSMOS_INPUT <= len(wave)])
 
 
-def dnsmos(waves: np.ndarray, batch_size: int = 16) -> dict[str, torch.Tensor]:
-    """DNSMOS P.835 ``sig``, ``bak`` and ``ovrl`` of each ``[B, N]`` 16 kHz clip (segment means)."""
+def dnsmos(waves: np.ndarray, batch_size: int = 1) -> dict[str, torch.Tensor]:
+    """DNSMOS P.835 ``sig``, ``bak`` and ``ovrl`` of each ``[B, N]`` 16 kHz clip (segment means).
+
+    One 9.01 s segment per run by default: the network's activations take 115 MiB a segment, so the speech
+    quickstart's 16 took 1.8 GiB at once (benchmarks/real_shapes.py), and batching them was no faster here."""
     segments = [dnsmos_segments(w.astype(np.float32)) for w in waves]
     stacked = np.concatenate(segments)
     raw = np.concatenate([_dnsmos_session().run(None, {"input_1": stacked[i:i + batch_size]})[0]
