@@ -38,8 +38,9 @@ class JpegCompressibility:
         data = media.data.detach().cpu()
         frames = data.shape[1] if media.kind == "video" else 1  # video: [B, T, 3, H, W]
         sizes = []
-        for image in data.reshape(-1, *data.shape[-3:]):  # one frame at a time: a batch of 81-frame clips at
-            # 480p is 0.4 GB of floats per clip, and converting all of it at once made three more copies
+        # one frame at a time, each a view: an 81-frame clip at 480p is 0.4 GB of floats, and converting the batch
+        # at once made three more copies (reshaping a video, whose frames are a permuted view, one more)
+        for image in (frame for clip in data for frame in clip) if media.kind == "video" else data:
             pixels = (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
             buffer = io.BytesIO()
             Image.fromarray(np.ascontiguousarray(pixels)).save(buffer, format="JPEG", quality=self.quality)
