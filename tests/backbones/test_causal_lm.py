@@ -310,3 +310,19 @@ def test_dropout_is_off_in_the_update_unless_the_yaml_keeps_it(make_llm_config, 
         replayed = policy.token_log_probs(rollout)
     same = torch.allclose(replayed, rollout.log_probs * rollout.mask, atol=1e-5, rtol=0)
     assert same == disable
+
+
+def test_sampled_tokens_follow_the_distribution_and_skip_filtered_ones():
+    """Inverse-CDF sampling, one uniform per row: frequencies match softmax(scores) and a token the filter
+    removed (probability 0) is never drawn; the recorded log-prob is the token's own."""
+    from gyremedia.backbones.causal_lm import sample_tokens
+
+    rows = 20_000
+    scores = torch.tensor([1.0, 0.0, -math.inf, 2.0, 0.5]).expand(rows, -1)
+    generators = [torch.Generator().manual_seed(i) for i in range(rows)]
+    tokens, log_probs = sample_tokens(scores, generators)
+    expected = scores[0].softmax(-1)
+    frequencies = torch.bincount(tokens, minlength=5).float() / rows
+    assert frequencies[2] == 0
+    torch.testing.assert_close(frequencies, expected, atol=0.01, rtol=0)
+    torch.testing.assert_close(log_probs, expected.log()[tokens])
