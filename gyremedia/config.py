@@ -50,7 +50,13 @@ class DataSection:
     prompts: list[str] = option(default_factory=list, help="training prompts",
                                 hint="data.prompts is a list of prompts, e.g. data.prompts=[a cat, a dog]; "
                                      "for a file use data.prompts_file")
-    prompts_file: str | None = option(None, check=prompts_file, help="one prompt per line; added to data.prompts")
+    prompts_file: str | None = option(None, check=prompts_file, help="one prompt per line, or records (.jsonl, .json, "
+                                      ".csv, .parquet: the text under data.prompt_column, the rest its fields); "
+                                      "added to data.prompts")
+    dataset: str | None = option(None, help="a Hugging Face dataset of records (a save_to_disk folder, a folder of "
+                                 "data files or a hub id; pip install 'gyremedia[data]'); added to data.prompts")
+    split: str = option("train", help="the split of data.dataset")
+    prompt_column: str = option("prompt", help="the field of a record that holds the prompt's text")
     eval_prompts: list[str] = option(default_factory=list, help="held-out prompts (default: the training prompts)",
                                      hint="data.eval_prompts is a list of prompts; for a file use eval.prompts_file")
 
@@ -170,7 +176,10 @@ class CheckpointSection:
 class EvalSection:
     every: int = option(0, ge=0, help="steps between evaluations; 0 evaluates only before and after training")
     prompts_file: str | None = option(None, check=prompts_file,
-                                      help="held-out prompts (default: data.eval_prompts, else the train prompts)")
+                                      help="held-out prompts or records, read as data.prompts_file is (default: "
+                                           "data.eval_prompts, else the train prompts)")
+    dataset: str | None = option(None, help="held-out records from a Hugging Face dataset, as data.dataset")
+    split: str = option("test", help="the split of eval.dataset")
     samples: int = option(256, ge=2, help="samples per evaluation, prompts cycled; the same seeds every time")
     seed: int = option(1234, ge=0, help="seed of the evaluation's noise")
     num_steps: int | None = option(None, ge=1, help="transitions per sample (default: rollout.num_steps)")
@@ -765,31 +774,49 @@ def _names(pm: PluginManager, kind: str, **capabilities: Any) -> list[str]:
 
 
 def _prompt_checks(core: TrainConfig) -> list[str]:
-    """Prompts to train on; and when eval prompts are given, enough eval samples for each to be sampled twice
-    (in-group diversity, and the collapse monitor that reads it, compare a prompt's samples)."""
-    from gyremedia.data import PromptFileError, read_prompts
+    """Prompts to train on, every record source readable with its prompt column; and when eval prompts are given,
+    enough eval samples for each to be sampled twice (in-group diversity, and the collapse monitor that reads it,
+    compare a prompt's samples)."""
+    from gyremedia.data import RECORD_SUFFIXES, PromptFileError, read_dataset, read_prompts
 
     errors = []
-    data = core.data
-    if not data.prompts and not data.prompts_file:
-        errors.append("no prompts: set data.prompts (a list, e.g. data.prompts=[a cat, a dog]) or data.prompts_file")
+    data, ev = core.data, core.eval
+    if not data.prompts and not data.prompts_file and not data.dataset:
+        errors.append("no prompts: set data.prompts (a list, e.g. data.prompts=[a cat, a dog]), data.prompts_file "
+                      "or data.dataset")
     blank = [i for i, p in enumerate(data.prompts) if not str(p).strip()]
     if blank:
         errors.append(f"data.prompts.{blank[0]} is blank: remove it, or write a prompt")
+    read = {}
+    for key, value, reader in [
+            ("data.prompts_file", data.prompts_file, lambda v: read_prompts(v, data.prompt_column)),
+            ("data.dataset", data.dataset, lambda v: read_dataset(v, data.split, data.prompt_column)),
+            ("eval.prompts_file", ev.prompts_file, lambda v: read_prompts(v, data.prompt_column)),
+            ("eval.dataset", ev.dataset, lambda v: read_dataset(v, ev.split, data.prompt_column))]:
+        if not value or not (key.endswith("dataset") or Path(value).expanduser().is_file()):  # missing: its own check
+            continue
+        # a text file's problems are its option check's to report; records need the prompt column to be read
+        records = key.endswith("dataset") or Path(value).suffix.lower() in RECORD_SUFFIXES
+        try:
+            read[key] = reader(value)
+        except PromptFileError as exc:
+            if records:
+                errors.append(f"{key}={value!r}: {exc}")
+            continue
+        if not read[key] and records:
+            errors.append(f"{key}={value!r}: holds no prompt (no record has text under {data.prompt_column!r})")
     if errors:
         return errors
-    if core.eval.prompts_file:
-        try:
-            eval_prompts, key = read_prompts(core.eval.prompts_file), "eval.prompts_file"
-        except PromptFileError:
-            return errors  # the file's own problem is reported by its check
+    if ev.prompts_file or ev.dataset:
+        eval_prompts = read.get("eval.prompts_file", []) + read.get("eval.dataset", [])
+        key = "eval.prompts_file" if ev.prompts_file else "eval.dataset"
     elif data.eval_prompts:
         eval_prompts, key = list(data.eval_prompts), "data.eval_prompts"
     else:
         return errors  # evaluation cycles through as many training prompts as eval.samples covers
     distinct = len(dict.fromkeys(eval_prompts))
-    if distinct and core.eval.samples < 2 * distinct:
-        errors.append(f"eval.samples={core.eval.samples} leaves some of the {distinct} eval prompts ({key}) with one sample; "
+    if distinct and ev.samples < 2 * distinct:
+        errors.append(f"eval.samples={ev.samples} leaves some of the {distinct} eval prompts ({key}) with one sample; "
                       f"in-group diversity and the collapse monitor compare two or more per prompt: set "
                       f"eval.samples>={2 * distinct}, or evaluate fewer prompts (eval.prompts_file)")
     return errors

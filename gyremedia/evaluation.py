@@ -12,19 +12,26 @@ import torch
 from tqdm.auto import tqdm
 
 from gyremedia.config import COMPONENT_SETTINGS, ResolvedConfig, Selected
-from gyremedia.data import PromptSource
+from gyremedia.data import Prompt, PromptSource
 from gyremedia.rollout import Media
 from gyremedia.scoring import Scorer
 
 
-def eval_prompts(config: ResolvedConfig) -> list[str]:
-    """``eval.prompts_file``, else ``data.eval_prompts``, else the training prompts."""
-    core = config.core
-    if core.eval.prompts_file:
-        return PromptSource([], core.eval.prompts_file).prompts
-    if core.data.eval_prompts:
-        return list(core.data.eval_prompts)
-    return PromptSource(core.data.prompts, core.data.prompts_file).prompts
+def eval_prompts(config: ResolvedConfig) -> list[Prompt]:
+    """``eval.prompts_file`` and ``eval.dataset``, else ``data.eval_prompts``, else the training prompts: records,
+    so the rewards see their fields in evaluation as in training."""
+    data, ev = config.core.data, config.core.eval
+    if ev.prompts_file or ev.dataset:
+        return PromptSource([], ev.prompts_file, data.prompt_column, ev.dataset, ev.split).prompts
+    if data.eval_prompts:
+        return PromptSource(data.eval_prompts).prompts
+    return training_prompts(config).prompts
+
+
+def training_prompts(config: ResolvedConfig) -> PromptSource:
+    """``data.prompts``, ``data.prompts_file`` and ``data.dataset``, as records."""
+    data = config.core.data
+    return PromptSource(data.prompts, data.prompts_file, data.prompt_column, data.dataset, data.split)
 
 
 @dataclass

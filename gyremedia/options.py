@@ -182,13 +182,16 @@ def _field_errors(f: dataclasses.Field, value: Any, key: str) -> list[str]:
 
 
 def prompts_file(value: str) -> str | None:
-    """A text file with one prompt per line, at least one of them not blank."""
+    """A text file with one prompt per line, at least one of them not blank; or a file of records (its records
+    are read with the run's prompt column, when the whole config is checked)."""
     from pathlib import Path
 
-    from gyremedia.data import PromptFileError, read_prompts
+    from gyremedia.data import RECORD_SUFFIXES, PromptFileError, read_prompts
 
     if not Path(value).expanduser().is_file():
-        return "no such file: give a text file with one prompt per line"
+        return f"no such file: give a text file with one prompt per line, or a {', '.join(RECORD_SUFFIXES)} file"
+    if Path(value).suffix.lower() in RECORD_SUFFIXES:
+        return None
     try:
         prompts = read_prompts(value)
     except PromptFileError as exc:

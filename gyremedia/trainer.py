@@ -30,7 +30,6 @@ from gyremedia import evaluation, sharding
 from gyremedia.advantages import PromptStatTracker, distributed_group_advantages
 from gyremedia.candidates import contrastive_subset
 from gyremedia.config import ConfigError, ResolvedConfig
-from gyremedia.data import PromptSource
 from gyremedia.distributed import average_gradients, global_nanmeans, host_floats, means_over_ranks, raise_together
 from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext, RolloutRequest
 from gyremedia.plugins import PluginManager, call_each
@@ -180,7 +179,7 @@ class Trainer:
         if resume:
             self._check_resumed_settings(override_resumed)
         self.state = TrainState(config=config, accelerator=self.accelerator, run_dir=self.run_dir, plugins=plugins)
-        self.prompts = PromptSource(self.core.data.prompts, self.core.data.prompts_file)
+        self.prompts = evaluation.training_prompts(config)
         # With async scoring: the next step's rollout, sampled and being scored. Not checkpointed: a
         # resumed run samples it again with the restored policy.
         self._pending: dict[int, tuple[Rollout, dict[str, Any], float]] = {}

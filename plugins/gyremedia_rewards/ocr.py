@@ -1,7 +1,8 @@
 """OCR reward (Flow-GRPO's text rendering task): does the image show the text its prompt quotes?
 
 ``score = max(0, 1 - edit_distance(quoted, read) / len(quoted))``, where ``quoted`` is the text
-between quotes in the prompt (``a sign that says "OPEN"``) and ``read`` what a real OCR engine reads
+between quotes in the prompt (``a sign that says "OPEN"``; a prompt record's ``target_text`` field when it has
+one) and ``read`` what a real OCR engine reads
 from the image, offline:
 
 - ``rapidocr`` (default): PP-OCR's detection and recognition models on onnxruntime, shipped inside the
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from gyremedia.data import prompt_fields
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import option
 from gyremedia.rollout import Media
@@ -37,6 +39,14 @@ class OcrOptions:
     case_sensitive: bool = option(False, help="compare case too")
     min_height: int = option(64, ge=1, help="smaller images are upscaled first (OCR misreads tiny glyphs)")
     workers: int = option(4, ge=1, help="images read in parallel")
+    target_field: str = option("target_text", help="the prompt record's field holding the text to read; a prompt "
+                               "without it is read for its quoted text")
+
+
+def target_text(prompt: str, field: str) -> str:
+    """The text an image of ``prompt`` should show: its record's ``field``, else the text its prompt quotes."""
+    value = prompt_fields(prompt).get(field)
+    return str(value) if value is not None else quoted_text(prompt)
 
 
 def quoted_text(prompt: str) -> str:
@@ -130,7 +140,7 @@ class OcrReward:
         return self.engine.read(picture)
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
-        targets = [quoted_text(p) for p in prompts]
+        targets = [target_text(p, self.options.target_field) for p in prompts]
         pixels = (media.data.detach().cpu().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
         with ThreadPoolExecutor(max_workers=self.options.workers) as pool:
             readings = list(pool.map(self.read, list(pixels)))

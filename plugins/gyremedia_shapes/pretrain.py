@@ -36,7 +36,7 @@ from gyremedia.backbones.tiny_sd import TinySDOptions, build_tiny_sd_pipeline
 from gyremedia.backbones.tiny_sd3 import TinySD3Options, add_silent_t5, build_tiny_sd3_pipeline
 from gyremedia.sampling import renoise
 from gyremedia_shapes.verifier import verify
-from gyremedia_shapes.world import CANVAS, VOCABULARY, render_batch, split_prompts
+from gyremedia_shapes.world import CANVAS, VOCABULARY, record, render_batch, split_prompts
 
 MODEL = TinySD3Options(
     latent_size=CANVAS, latent_channels=4, vae_channels=[32], patch_size=2, num_layers=4,
@@ -105,8 +105,9 @@ def evaluate(pipe, prompts: list[str], samples: int, seed: int = 1234, steps: in
 def write_prompt_files(out: Path, seed: int = 0) -> None:
     """The train and held-out prompt lists the quickstart config reads."""
     train, heldout = split_prompts(seed=seed)
-    (out / "train_prompts.txt").write_text("\n".join(train) + "\n")
-    (out / "heldout_prompts.txt").write_text("\n".join(heldout) + "\n")
+    for name, prompts in (("train_prompts", train), ("heldout_prompts", heldout)):
+        (out / f"{name}.txt").write_text("\n".join(prompts) + "\n")
+        (out / f"{name}.jsonl").write_text("".join(json.dumps(record(p)) + "\n" for p in prompts))
 
 
 class EMA:

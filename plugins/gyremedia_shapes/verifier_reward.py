@@ -1,4 +1,5 @@
-"""The ShapesBench verifier as a reward: per-criterion checks of each image against its prompt."""
+"""The ShapesBench verifier as a reward: per-criterion checks of each image against its prompt (its record's
+fields when it has them: colour, shape, count, relation, colour2, shape2; else its parsed text)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from gyremedia.options import OptionError, option
 from gyremedia.rollout import Media
 from gyremedia_shapes.verifier import CRITERIA, verify_batch
+from gyremedia_shapes.world import record_prompt
 
 
 @dataclass
@@ -40,7 +42,7 @@ class ShapesVerifierReward:
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
         images = media.data.detach().float().cpu().clamp(0, 1).permute(0, 2, 3, 1).numpy()
-        results = verify_batch(images, prompts)
+        results = verify_batch(images, [record_prompt(p) for p in prompts])
         out = {name: torch.tensor([float(r[name]) if name in r else np.nan for r in results]) for name in CRITERIA}
         out["correct"] = torch.tensor([float(r["correct"]) for r in results])
         counted = [[r[c] for c in self.criteria if c in r] for r in results]  # NaN where none applies

@@ -7,6 +7,7 @@ fills most of one cell, so objects never touch and a deterministic verifier can 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass
@@ -68,6 +69,21 @@ def parse_prompt(text: str) -> Prompt:
     raise ValueError(f"{text!r} is not a ShapesBench prompt: expected 'a|two|three COLOUR SHAPE[s]' or "
                      f"'a COLOUR SHAPE (left of|right of|above|below) a COLOUR SHAPE' with colours "
                      f"{', '.join(COLOURS)} and shapes {', '.join(SHAPES)}")
+
+
+def record(text: str) -> dict[str, object]:
+    """A prompt as a record (a jsonl line of the prompt sets): its text and its fields, GenEval-style metadata
+    the verifier reads instead of parsing the text."""
+    fields = {k: v for k, v in dataclasses.asdict(parse_prompt(text)).items() if v is not None}
+    return {"prompt": text, **fields}
+
+
+def record_prompt(prompt: str) -> Prompt:
+    """The world's prompt for a record: built from its fields when it has them, else parsed from its text."""
+    fields = getattr(prompt, "fields", {})
+    if "shape" not in fields:
+        return parse_prompt(prompt)
+    return Prompt(**{f.name: fields[f.name] for f in dataclasses.fields(Prompt) if f.name in fields})
 
 
 def all_prompts() -> list[Prompt]:

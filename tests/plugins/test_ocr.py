@@ -72,3 +72,11 @@ def test_reads_the_right_word_and_scores_a_wrong_one_lower(ocr):
 def test_a_blank_image_scores_low(ocr):
     # an engine may hallucinate a glyph or two on a blank page, never the asked word
     assert ocr(Media("image", torch.ones(1, 3, 48, 256)), ['"hello"'])["score"].item() < 0.5
+
+
+def test_the_target_comes_from_the_records_field_else_from_the_quotes():
+    from gyremedia.data import Prompt
+    from gyremedia_rewards.ocr import target_text
+
+    assert target_text('a sign that says "OPEN"', "target_text") == "OPEN"
+    assert target_text(Prompt("a shop sign", {"target_text": "CLOSED"}), "target_text") == "CLOSED"

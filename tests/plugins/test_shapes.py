@@ -94,3 +94,25 @@ def test_pretraining_builds_the_unet_depth_asked_for_and_refuses_it_for_the_flow
     assert list(deeper.config.block_out_channels) == [32, 64, 64, 64]
     with pytest.raises(SystemExit):
         main(["--out", "unused", "--unet-channels", "32", "64"])
+
+
+def test_the_reward_reads_a_records_fields_and_the_shipped_records_match_their_text():
+    """A record's fields (GenEval-style metadata) are what the verifier checks, not its text; the quickstart's
+    jsonl prompt sets hold each prompt's own parse."""
+    import json
+    from pathlib import Path
+
+    from gyremedia.config import asset_path
+    from gyremedia.data import Prompt
+    from gyremedia_shapes.world import record
+
+    image = render("a red circle", np.random.default_rng(0))
+    reward = ShapesVerifierReward(ShapesVerifierOptions())
+    media = Media("image", torch.from_numpy(image).permute(2, 0, 1)[None].float())
+    as_text = reward(media, ["a red circle"])["correct"]
+    contradicting = reward(media, [Prompt("a red circle", {"colour": "blue", "shape": "square", "count": 1})])
+    assert as_text.item() == 1.0 and contradicting["correct"].item() == 0.0
+    for name in ("train_prompts", "heldout_prompts"):
+        lines = Path(asset_path(f"shapes16/{name}.jsonl")).read_text().splitlines()
+        texts = Path(asset_path(f"shapes16/{name}.txt")).read_text().split("\n")
+        assert [json.loads(line) for line in lines] == [record(t) for t in texts if t]

@@ -45,3 +45,12 @@ def test_format_and_length_penalty():
     assert penalty["score"].tolist() == pytest.approx([0.0, 0.0, -0.5, -1.0])
     assert validate(LengthPenaltyOptions(max_length=10, cache=20)) == ["cache=20: must not exceed max_length=10"]
     assert "not a regular expression" in validate(FormatOptions(pattern="("))[0]
+
+
+def test_the_verifier_takes_the_answer_from_the_record_when_it_has_one():
+    from gyremedia.data import Prompt
+
+    reward = AdditionVerifier(AdditionVerifierOptions())
+    completions = Media("text", ["3", "3"])
+    scores = reward(completions, ["1+2=", Prompt("1+2=", {"answer": 4})])["correct"]  # a record may say otherwise
+    assert scores.tolist() == [1.0, 0.0]
