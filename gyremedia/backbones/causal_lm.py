@@ -186,6 +186,37 @@ class CausalLMBackbone(TransformerPolicy):
                             output_hidden_states=True, logits_to_keep=1, return_dict=True)
         return out.hidden_states[-1]
 
+    def _completion_hidden(self, rollout: Rollout, reference: bool) -> torch.Tensor:
+        """The hidden states that predict the completion's tokens, ``[B, T, H]``: the last prompt position's and
+        every completion position's but the last.
+
+        A group's rows share their prompt, so each distinct prompt goes through the model once and every row
+        continues from its cache, as sampling does: at 8 completions per prompt the forward and the backward read
+        a prompt once instead of 8 times. Not when nothing repeats, nor when transformers turns the cache off
+        (gradient checkpointing), nor through a wrapper that expects one forward per backward (DDP, FSDP2,
+        torch.compile): those run the whole sequences, with the same log-probs to rounding."""
+        length = rollout.extras["prompt_length"]
+        prompt, prompt_mask, mask = rollout.states[:, :length], rollout.conditions["prompt_mask"], rollout.mask.long()
+        distinct, inverse = torch.unique(torch.cat([prompt, prompt_mask], dim=1), dim=0, return_inverse=True)
+        wrapped = torch.is_grad_enabled() and not reference and self._training_module is not self.transformer
+        if len(distinct) == len(prompt) or self.options.gradient_checkpointing or wrapped:
+            attention = torch.cat([prompt_mask, mask], dim=1)
+            return self._hidden(rollout.states, attention, reference=reference)[:, length - 1:-1]
+        shared = dict(use_cache=True, output_hidden_states=True, logits_to_keep=1, return_dict=True)
+        positions = (distinct[:, length:].cumsum(-1) - 1).clamp(min=0)
+        head = self._forward(reference, input_ids=distinct[:, :length], attention_mask=distinct[:, length:],
+                             position_ids=positions, **shared)
+        last_prompt = head.hidden_states[-1][inverse, -1:]
+        if rollout.states.shape[1] == length + 1:  # one-token completions: the prompt predicts them all
+            return last_prompt
+        cache = head.cache
+        cache.reorder_cache(inverse)
+        attention = torch.cat([prompt_mask, mask[:, :-1]], dim=1)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, length:]
+        tail = self._forward(reference, input_ids=rollout.states[:, length:-1], attention_mask=attention,
+                             position_ids=positions, cache=cache, **shared)
+        return torch.cat([last_prompt, tail.hidden_states[-1]], dim=1)
+
     @contextlib.contextmanager
     def _head(self, reference: bool) -> Iterator[torch.nn.Module]:
         """The output projection of the policy, or of the frozen reference; under autocast like every forward."""
@@ -293,8 +324,7 @@ class CausalLMBackbone(TransformerPolicy):
     def token_log_probs(self, rollout: Rollout, *, reference: bool = False) -> torch.Tensor:
         """``[B, T]`` fp32 log-probs of the completion tokens at the sampling temperature (0 where masked)."""
         length = rollout.extras["prompt_length"]
-        attention = torch.cat([rollout.conditions["prompt_mask"], rollout.mask.long()], dim=1)
-        hidden = self._hidden(rollout.states, attention, reference=reference)[:, length - 1:-1]
+        hidden = self._completion_hidden(rollout, reference)
         # The policy's: the distribution the rollout sampled from, so its log-probs (and an importance correction's
         # weights) compare like with like; under top_p < 1 every sampler-vs-trainer weight was the nucleus mass.
         # The reference's: its whole distribution, so the KL stays finite for a token outside its top-p set and

@@ -326,3 +326,31 @@ def test_sampled_tokens_follow_the_distribution_and_skip_filtered_ones():
     assert frequencies[2] == 0
     torch.testing.assert_close(frequencies, expected, atol=0.01, rtol=0)
     torch.testing.assert_close(log_probs, expected.log()[tokens])
+
+
+def test_a_shared_prompt_is_read_once_and_gives_the_whole_sequences_log_probs_and_gradients(make_llm_config,
+                                                                                           monkeypatch):
+    """Rows of a group continue from their prompt's cache in the replay: the same log-probs and gradients as the
+    whole sequences, with the model run over each distinct prompt once."""
+    policy = backbone(make_llm_config)
+    prompts = [p for p in PROMPTS[:3] for _ in range(4)]  # groups of 4 rows per prompt
+    rollout = policy.collect_rollout(request(prompts), None)
+    model = policy.trainable_module()
+
+    def replay() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        log_probs = policy.token_log_probs(rollout)
+        log_probs.sum().backward()
+        return log_probs.detach(), [p.grad.clone() for p in model.parameters()]
+
+    rows_read = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: rows_read.append(kwargs["input_ids"].shape),
+                                    with_kwargs=True)
+    shared, shared_grads = replay()
+    assert rows_read[0][0] == 3  # the prompts, once each, then the completions of all 12 rows
+    monkeypatch.setattr(policy.options, "gradient_checkpointing", True)  # the whole sequences (no cache)
+    whole, whole_grads = replay()
+    torch.testing.assert_close(shared, whole, atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared, rollout.log_probs * rollout.mask, atol=1e-5, rtol=0)
+    for a, b in zip(shared_grads, whole_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
