@@ -70,51 +70,41 @@ def image_config(backbone: dict, sampler: str = "flow_sde") -> dict:
             "logging": {"loggers": ["jsonl"], "progress": False}}
 
 
-def tokens_label(pixels: int, tokens: int, text: int) -> str:
-    return f"{pixels} x {pixels}, {tokens:,} image tokens + {text} text"
+def patched(family: str, backbone: str, pixels: int, tiny: dict, max_sequence_length: int, text_tokens: int,
+            axis: str, sized: bool = True) -> Run:
+    """A 2 x 2-patch transformer behind an 8x VAE at ``pixels`` square: its latent grid and image tokens real.
+    ``sized``: the backbone takes height and width (else the tiny latent size alone sets them)."""
+    latent = pixels // 8
+    tokens = (latent // 2) ** 2
+    backbone_options = {"name": backbone, "max_sequence_length": max_sequence_length,
+                        "tiny": {"latent_size": latent, **tiny}, **({"height": pixels, "width": pixels} if sized else {})}
+    return Run(family, f"{pixels} x {pixels}, {tokens:,} image tokens + {text_tokens} text", {"image tokens": tokens},
+               image_config(backbone_options), axis=axis)
 
 
 def sd35(pixels: int, axis: str = "") -> Run:
-    latent = pixels // 8
-    tiny = {"latent_size": latent, "latent_channels": 16, "vae_channels": NARROW_VAE, "num_layers": 1,
-            "num_attention_heads": 1, "attention_head_dim": 64, "text_hidden_size": 32, "text_layers": 1,
-            "text_max_length": 77}
-    tokens = (latent // 2) ** 2
-    return Run("SD3.5", tokens_label(pixels, tokens, 77 + 256), {"image tokens": tokens},
-               image_config({"name": "flow_matching", "max_sequence_length": 256, "tiny": tiny}), axis=axis)
+    tiny = {"latent_channels": 16, "vae_channels": NARROW_VAE, "num_layers": 1, "num_attention_heads": 1,
+            "attention_head_dim": 64, "text_hidden_size": 32, "text_layers": 1, "text_max_length": 77}
+    return patched("SD3.5", "flow_matching", pixels, tiny, 256, 77 + 256, axis, sized=False)
 
 
 def flux1(pixels: int, axis: str = "") -> Run:
-    latent = pixels // 8
-    tiny = {"latent_size": latent, "latent_channels": 16, "vae_channels": NARROW_VAE, "num_layers": 1,
-            "num_single_layers": 1, "num_attention_heads": 1, "attention_head_dim": 16, "axes_dims_rope": [4, 6, 6],
-            "text_hidden_size": 32, "text_layers": 1, "text_max_length": 77}
-    tokens = (latent // 2) ** 2
-    return Run("FLUX.1", tokens_label(pixels, tokens, 512), {"image tokens": tokens},
-               image_config({"name": "flux", "max_sequence_length": 512, "height": pixels, "width": pixels,
-                             "tiny": tiny}), axis=axis)
+    tiny = {"latent_channels": 16, "vae_channels": NARROW_VAE, "num_layers": 1, "num_single_layers": 1,
+            "num_attention_heads": 1, "attention_head_dim": 16, "axes_dims_rope": [4, 6, 6], "text_hidden_size": 32,
+            "text_layers": 1, "text_max_length": 77}
+    return patched("FLUX.1", "flux", pixels, tiny, 512, 512, axis)
 
 
 def flux2(pixels: int, axis: str = "") -> Run:
-    latent = pixels // 8
-    tiny = {"latent_size": latent, "latent_channels": 32, "vae_channels": NARROW_VAE, "num_layers": 1,
-            "num_single_layers": 1, "num_attention_heads": 1, "attention_head_dim": 16,
-            "axes_dims_rope": [4, 4, 4, 4], "text_hidden_size": 16}
-    tokens = (latent // 2) ** 2
-    return Run("FLUX.2", tokens_label(pixels, tokens, 512), {"image tokens": tokens},
-               image_config({"name": "flux2", "max_sequence_length": 512, "height": pixels, "width": pixels,
-                             "tiny": tiny}), axis=axis)
+    tiny = {"latent_channels": 32, "vae_channels": NARROW_VAE, "num_layers": 1, "num_single_layers": 1,
+            "num_attention_heads": 1, "attention_head_dim": 16, "axes_dims_rope": [4, 4, 4, 4], "text_hidden_size": 16}
+    return patched("FLUX.2", "flux2", pixels, tiny, 512, 512, axis)
 
 
 def qwen_image(pixels: int, axis: str = "") -> Run:
-    latent = pixels // 8
-    tiny = {"latent_size": latent, "latent_channels": 16, "vae_channels": 4, "vae_multipliers": [1, 2, 4, 4],
-            "num_layers": 1, "num_attention_heads": 1, "attention_head_dim": 24, "text_hidden_size": 16,
-            "text_layers": 1}
-    tokens = (latent // 2) ** 2
-    return Run("Qwen-Image", tokens_label(pixels, tokens, 512), {"image tokens": tokens},
-               image_config({"name": "qwen_image", "max_sequence_length": 512, "height": pixels, "width": pixels,
-                             "tiny": tiny}), axis=axis)
+    tiny = {"latent_channels": 16, "vae_channels": 4, "vae_multipliers": [1, 2, 4, 4], "num_layers": 1,
+            "num_attention_heads": 1, "attention_head_dim": 24, "text_hidden_size": 16, "text_layers": 1}
+    return patched("Qwen-Image", "qwen_image", pixels, tiny, 512, 512, axis)
 
 
 def sd1(pixels: int, axis: str = "") -> Run:
