@@ -9,6 +9,7 @@ from gyremedia.config import ConfigError
 from gyremedia_rewards.clip import ClipOptions, ClipScore, ClipSteering, ClipSteeringOptions
 from gyremedia_rewards.compressibility import JpegCompressibility, JpegOptions
 from gyremedia_rewards.ocr import OcrOptions, OcrReward
+from gyremedia_rewards.preference import AestheticOptions, AestheticScore, PickScore, PickScoreOptions
 from gyremedia_rewards.text import FormatOptions, FormatReward, LengthPenalty, LengthPenaltyOptions
 from gyremedia_rewards.vlm_judge import VlmJudge, VlmJudgeOptions, missing_key
 
@@ -21,6 +22,10 @@ def gyremedia_register_rewards(register):
              description="cosine similarity of image and prompt in open_clip's embedding")
     register("clip_steering", ClipSteering, options=ClipSteeringOptions,
              description="CLIP steering safety reward: the prompt's similarity moved toward positive, away from negative texts")
+    register("pickscore", PickScore, options=PickScoreOptions,
+             description="PickScore (Kirstain et al. 2023): logit_scale x cos(image, prompt) of its CLIP, / 26 as Flow-GRPO")
+    register("aesthetic", AestheticScore, options=AestheticOptions,
+             description="the LAION aesthetic predictor v2: an MLP on the CLIP ViT-L/14 image embedding (about 1-10)")
     register("ocr", OcrReward, options=OcrOptions,
              description="1 - normalised edit distance between the prompt's quoted text and the OCR reading (PP-OCR or Tesseract)")
     register("format", FormatReward, options=FormatOptions,

@@ -1,0 +1,83 @@
+"""PickScore and the LAION aesthetic predictor on tiny random-weight CLIP replicas built offline from the same
+transformers classes, against their references' formulas: PickScore's README inference example and Flow-GRPO's
+``pickscore_scorer.py`` (``logit_scale.exp() * text_embs @ image_embs.T``, the diagonal, / 26), LAION's
+``simple_inference.py`` and Flow-GRPO's ``aesthetic_scorer.py`` (the MLP on the unit ``get_image_features``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from gyremedia.rollout import Media
+from gyremedia_rewards.preference import (AestheticOptions, AestheticScore, PickScore, PickScoreOptions,
+                                          aesthetic_head, projected)
+
+PROMPTS = ["a red circle", "two blue squares", "a green triangle"]
+
+
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory):
+    """A CLIPModel (vision and text towers of width 32, projection 24) and its CLIPProcessor, saved as a folder."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    from gyremedia.backbones.tiny_sd3 import build_clip_tokenizer
+
+    tokenizer = build_clip_tokenizer(["a", "red", "circle", "two", "blue", "squares", "green", "triangle"], 77)
+    config = CLIPConfig(text_config={"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64,
+                                     "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 77,
+                                     "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+                                     "pad_token_id": tokenizer.pad_token_id},
+                        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                       "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
+                        projection_dim=24)
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny_clip")
+    CLIPModel(config).save_pretrained(folder)
+    images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    CLIPProcessor(image_processor=images, tokenizer=tokenizer).save_pretrained(folder)
+    return folder
+
+
+def images() -> torch.Tensor:
+    """Three 40 x 48 images in [0, 1] (not square: the processor resizes the shortest side, then crops)."""
+    return torch.rand(3, 3, 40, 48, generator=torch.Generator().manual_seed(1))
+
+
+def reference_inputs(folder):
+    """The references' own path: CLIPModel / CLIPProcessor from the folder, PIL images of the 8-bit pixels."""
+    from transformers import CLIPModel, CLIPProcessor
+
+    model, processor = CLIPModel.from_pretrained(folder).eval(), CLIPProcessor.from_pretrained(folder)
+    pixels = (images() * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    return model, processor, [Image.fromarray(p) for p in pixels]
+
+
+def test_pickscore_is_its_references_formula(tiny_clip):
+    model, processor, pictures = reference_inputs(tiny_clip)
+    with torch.no_grad():
+        image_embs = projected(model.get_image_features(**processor(images=pictures, return_tensors="pt")))
+        image_embs = image_embs / image_embs.norm(dim=-1, keepdim=True)
+        text_embs = projected(model.get_text_features(**processor(text=PROMPTS, padding=True, truncation=True,
+                                                                  max_length=77, return_tensors="pt")))
+        text_embs = text_embs / text_embs.norm(dim=-1, keepdim=True)
+        expected = (model.logit_scale.exp() * (text_embs @ image_embs.T)).diag()
+    reward = PickScore(PickScoreOptions(model=str(tiny_clip), processor=str(tiny_clip)))
+    scores = reward(Media("image", images()), PROMPTS)
+    torch.testing.assert_close(scores["pickscore"], expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(scores["score"], expected / 26, atol=1e-5, rtol=0)
+
+
+def test_the_aesthetic_score_is_the_laion_mlp_on_the_unit_image_embedding(tiny_clip, tmp_path):
+    torch.manual_seed(2)
+    laion = torch.nn.Module()
+    laion.layers = aesthetic_head(24)  # saved as LAION's MLP module saves it: keys layers.0.weight, ...
+    torch.save(laion.state_dict(), tmp_path / "predictor.pth")
+    model, processor, pictures = reference_inputs(tiny_clip)
+    with torch.no_grad():
+        embed = projected(model.get_image_features(**processor(images=pictures, return_tensors="pt")))
+        expected = laion.layers.eval()(embed / embed.norm(dim=-1, keepdim=True))[:, 0]
+    reward = AestheticScore(AestheticOptions(predictor=str(tmp_path / "predictor.pth"), model=str(tiny_clip)))
+    torch.testing.assert_close(reward(Media("image", images()), PROMPTS)["score"], expected, atol=1e-5, rtol=0)
+    assert list(laion.state_dict())[:2] == ["layers.0.weight", "layers.0.bias"]
+    assert [k for k in laion.state_dict() if k.endswith("weight")] == [f"layers.{i}.weight" for i in (0, 2, 4, 6, 7)]
