@@ -9,7 +9,8 @@ from gyremedia.config import ConfigError
 from gyremedia_rewards.clip import ClipOptions, ClipScore, ClipSteering, ClipSteeringOptions
 from gyremedia_rewards.compressibility import JpegCompressibility, JpegOptions
 from gyremedia_rewards.ocr import OcrOptions, OcrReward
-from gyremedia_rewards.preference import AestheticOptions, AestheticScore, PickScore, PickScoreOptions
+from gyremedia_rewards.preference import (AestheticOptions, AestheticScore, HPSv2, HPSv2Options, PickScore,
+                                          PickScoreOptions)
 from gyremedia_rewards.text import FormatOptions, FormatReward, LengthPenalty, LengthPenaltyOptions
 from gyremedia_rewards.vlm_judge import VlmJudge, VlmJudgeOptions, missing_key
 
@@ -24,6 +25,8 @@ def gyremedia_register_rewards(register):
              description="CLIP steering safety reward: the prompt's similarity moved toward positive, away from negative texts")
     register("pickscore", PickScore, options=PickScoreOptions,
              description="PickScore (Kirstain et al. 2023): logit_scale x cos(image, prompt) of its CLIP, / 26 as Flow-GRPO")
+    register("hpsv2", HPSv2, options=HPSv2Options,
+             description="Human Preference Score v2/v2.1: cos(image, prompt) under the HPS-tuned open_clip ViT-H-14")
     register("aesthetic", AestheticScore, options=AestheticOptions,
              description="the LAION aesthetic predictor v2: an MLP on the CLIP ViT-L/14 image embedding (about 1-10)")
     register("ocr", OcrReward, options=OcrOptions,

@@ -4,6 +4,9 @@
   ``laion/CLIP-ViT-H-14-laion2B-s32B-b79K``): ``logit_scale.exp() * cos(image, prompt)``, as the PickScore
   README's inference example computes it, divided by ``scale``: Flow-GRPO's ``pickscore_scorer.py`` divides by 26
   to bring it near [0, 1] (its published curves are in those units); ``scale: 1`` keeps PickScore's own.
+- ``hpsv2`` (Wu et al. 2023, Human Preference Score v2 / v2.1): open_clip's ViT-H-14 with the HPS checkpoint;
+  the score is the cosine of image and prompt, the diagonal of ``image_features @ text_features.T`` as HPSv2's
+  ``img_score.py`` computes it, the image through open_clip's own validation transform (``preprocess_val``).
 - ``aesthetic`` (the LAION aesthetic predictor v2, ``sac+logos+ava1-l14-linearMSE.pth``): a linear MLP
   (768 -> 1024 -> 128 -> 64 -> 16 -> 1, dropout between, no activations) on the unit CLIP ViT-L/14 image
   embedding, as LAION's ``simple_inference.py`` and Flow-GRPO's ``aesthetic_scorer.py`` compute it; about 1 to 10.
@@ -55,6 +58,20 @@ class AestheticOptions:
         if self.predictor is None:
             raise OptionError("predictor", "give the LAION predictor's weights file, e.g. "
                                            "sac+logos+ava1-l14-linearMSE.pth from its repository")
+
+
+@dataclass
+class HPSv2Options:
+    checkpoint: str | None = option(None, check=lambda v: None if Path(v).expanduser().is_file() else "no such file",
+                                    help="the HPS checkpoint (HPS_v2.1_compressed.pt, or HPS_v2_compressed.pt)")
+    model: str = option("ViT-H-14", help="the open_clip architecture it fine-tunes (HPSv2: ViT-H-14), or the path "
+                                         "of a model-config json")
+    batch_size: int = option(32, ge=1, help="images per forward pass")
+
+    def validate(self) -> None:
+        if self.checkpoint is None:
+            raise OptionError("checkpoint", "give the HPS checkpoint file, e.g. HPS_v2.1_compressed.pt from "
+                                            "xswu/HPSv2 on the hub")
 
 
 def _pil(images: torch.Tensor) -> list:
@@ -144,3 +161,32 @@ class AestheticScore:
     @torch.no_grad()
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
         return {"score": self.head(self.clip.images(media.data))[:, 0].float().cpu()}
+
+
+class HPSv2:
+    """Human Preference Score v2(.1): ``cos(image, prompt)`` under the HPS-tuned open_clip ViT-H-14."""
+
+    kinds = {"image"}
+
+    def __init__(self, options: HPSv2Options, context: BuildContext | None = None) -> None:
+        import open_clip
+
+        name = options.model
+        if name.endswith(".json"):
+            open_clip.add_model_config(Path(name))
+            name = Path(name).stem
+        device = _device(context)
+        self.model, _, self.preprocess = open_clip.create_model_and_transforms(name, pretrained=None, device=device)
+        state = torch.load(Path(options.checkpoint).expanduser(), map_location=device, weights_only=True)
+        self.model.load_state_dict(state.get("state_dict", state))
+        self.model.eval().requires_grad_(False)
+        self.tokenizer = open_clip.get_tokenizer(name)
+        self.device, self.batch_size = device, options.batch_size
+
+    @torch.no_grad()
+    def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
+        images = torch.stack([self.preprocess(picture) for picture in _pil(media.data)]).to(self.device)
+        out = self.model(images, self.tokenizer([str(p) for p in prompts]).to(self.device))
+        image_features, text_features = (out["image_features"], out["text_features"]) if isinstance(out, dict) \
+            else out[:2]
+        return {"score": (image_features * text_features).sum(-1).float().cpu()}

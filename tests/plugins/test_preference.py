@@ -81,3 +81,31 @@ def test_the_aesthetic_score_is_the_laion_mlp_on_the_unit_image_embedding(tiny_c
     torch.testing.assert_close(reward(Media("image", images()), PROMPTS)["score"], expected, atol=1e-5, rtol=0)
     assert list(laion.state_dict())[:2] == ["layers.0.weight", "layers.0.bias"]
     assert [k for k in laion.state_dict() if k.endswith("weight")] == [f"layers.{i}.weight" for i in (0, 2, 4, 6, 7)]
+
+
+def test_hpsv2_is_its_references_formula(tmp_path):
+    """HPSv2's img_score.py: open_clip's preprocess_val on the PIL image, the model's normalised features, the
+    diagonal of image_features @ text_features.T; its checkpoint holds the weights under 'state_dict'."""
+    import json
+
+    import open_clip
+
+    from gyremedia_rewards.preference import HPSv2, HPSv2Options
+
+    config = tmp_path / "tiny-hps-clip.json"
+    config.write_text(json.dumps({"embed_dim": 32, "vision_cfg": {"image_size": 32, "layers": 1, "width": 64,
+                                                                   "patch_size": 8},
+                                  "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2,
+                                               "layers": 1}}))
+    open_clip.add_model_config(config)
+    torch.manual_seed(3)
+    model, _, preprocess_val = open_clip.create_model_and_transforms("tiny-hps-clip", pretrained=None)
+    torch.save({"state_dict": model.state_dict()}, tmp_path / "hps.pt")
+    model.eval()
+    pixels = (images() * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    with torch.no_grad():
+        image = torch.stack([preprocess_val(Image.fromarray(p)) for p in pixels])
+        image_features, text_features, _ = model(image, open_clip.get_tokenizer("tiny-hps-clip")(PROMPTS))
+        expected = torch.diagonal(image_features @ text_features.T)
+    reward = HPSv2(HPSv2Options(checkpoint=str(tmp_path / "hps.pt"), model=str(config)))
+    torch.testing.assert_close(reward(Media("image", images()), PROMPTS)["score"], expected, atol=1e-5, rtol=0)
