@@ -96,7 +96,8 @@ class PromptStatTracker:
         return advantages.float()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"buffers": {prompt: list(buffer) for prompt, buffer in self.buffers.items()}}
+        # str(): a prompt record's text (a checkpoint holds plain values; its fields are the data's, not state)
+        return {"buffers": {str(prompt): list(buffer) for prompt, buffer in self.buffers.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.buffers = {prompt: list(buffer) for prompt, buffer in state.get("buffers", {}).items()}

@@ -107,3 +107,12 @@ def test_a_reward_sees_the_records_fields_in_training_and_in_evaluation(make_con
     Trainer(config, pm).train()
     tags = {seen["tag"] for seen in FieldReader.seen}
     assert tags == {"single", "counting"} and len(FieldReader.seen) > 8  # training's 8 samples and evaluations
+
+
+def test_a_run_keyed_by_its_prompt_records_checkpoints(make_config, tmp_path):
+    """Per-prompt reward history (DDPO's stat tracker) is keyed by the prompts: records are saved as their text."""
+    path = write(tmp_path, ".jsonl", RECORDS)
+    config = make_config(f"data.prompts_file={path}", "data.prompts=[]", "advantage.history=4", "advantage.min_count=2", "train.steps=2",
+                         "checkpoint.every=1", "eval.samples=4")
+    state = Trainer(config, PluginManager()).train()
+    assert state.step == 2 and (tmp_path / "run" / "checkpoints").is_dir()
