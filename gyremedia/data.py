@@ -11,6 +11,7 @@ wants ground truth reads ``prompt.fields`` instead of parsing it out of the text
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 from collections.abc import Mapping
@@ -82,12 +83,33 @@ def records_to_prompts(rows: list[Any], column: str, where: str) -> list[Prompt]
 def read_prompts(path: str, column: str = "prompt") -> list[Prompt]:
     """The prompts of a file, by its suffix: ``.jsonl`` (one JSON object per line), ``.json`` (a list of
     objects or strings), ``.csv`` (a header row), ``.parquet``, each record's text under ``column``; any other
-    suffix is text, one prompt per line (blank lines skipped, each stripped)."""
+    suffix is text, one prompt per line (blank lines skipped, each stripped).
+
+    Read once while the file is unchanged: the config check, the trainer and every evaluation share the reading."""
     try:
-        data = Path(path).expanduser().read_bytes()
+        file = Path(path).expanduser()
+        stat = file.stat()
     except OSError as exc:
-        raise PromptFileError(f"cannot be read ({exc.strerror or exc}): give a text file with one prompt per line, "
-                              f"or a {', '.join(RECORD_SUFFIXES)} file of records") from exc
+        raise _unreadable(exc) from exc
+    return list(_read_prompts(str(file), column, stat.st_mtime_ns, stat.st_size))
+
+
+def _unreadable(exc: OSError) -> PromptFileError:
+    return PromptFileError(f"cannot be read ({exc.strerror or exc}): give a text file with one prompt per line, "
+                           f"or a {', '.join(RECORD_SUFFIXES)} file of records")
+
+
+@functools.lru_cache(maxsize=16)
+def _read_prompts(path: str, column: str, modified: int, size: int) -> tuple[Prompt, ...]:
+    """:func:`read_prompts` of one version of the file (``modified`` and ``size`` tell versions apart)."""
+    return tuple(_parse_prompts(path, column))
+
+
+def _parse_prompts(path: str, column: str) -> list[Prompt]:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise _unreadable(exc) from exc
     suffix = Path(path).suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet
@@ -118,7 +140,13 @@ def read_prompts(path: str, column: str = "prompt") -> list[Prompt]:
 
 def read_dataset(source: str, split: str, column: str) -> list[Prompt]:
     """A Hugging Face dataset's split as prompts: a folder written by ``Dataset.save_to_disk``, or anything
-    ``datasets.load_dataset`` takes (a hub id, a folder of data files). Needs ``pip install gyremedia[data]``."""
+    ``datasets.load_dataset`` takes (a hub id, a folder of data files). Needs ``pip install gyremedia[data]``.
+    Read once per process, as :func:`read_prompts`."""
+    return list(_read_dataset(source, split, column))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_dataset(source: str, split: str, column: str) -> tuple[Prompt, ...]:
     try:
         import datasets
     except ImportError as exc:
@@ -135,7 +163,7 @@ def read_dataset(source: str, split: str, column: str) -> list[Prompt]:
     if column not in loaded.column_names:
         raise PromptFileError(f"has no column {column!r} (its columns: {', '.join(loaded.column_names)}): set "
                               "data.prompt_column to the column that holds the prompt")
-    return records_to_prompts(loaded.to_list(), column, "row")
+    return tuple(records_to_prompts(loaded.to_list(), column, "row"))
 
 
 class PromptSource:

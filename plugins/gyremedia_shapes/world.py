@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gyremedia.data import prompt_fields
+
 COLOURS: dict[str, tuple[float, float, float]] = {"red": (1.0, 0.0, 0.0), "green": (0.0, 1.0, 0.0), "blue": (0.0, 0.0, 1.0)}
 SHAPES = ("circle", "square", "triangle")
 COUNT_WORDS = {1: "a", 2: "two", 3: "three"}
@@ -80,7 +82,7 @@ def record(text: str) -> dict[str, object]:
 
 def record_prompt(prompt: str) -> Prompt:
     """The world's prompt for a record: built from its fields when it has them, else parsed from its text."""
-    fields = getattr(prompt, "fields", {})
+    fields = prompt_fields(prompt)
     if "shape" not in fields:
         return parse_prompt(prompt)
     return Prompt(**{f.name: fields[f.name] for f in dataclasses.fields(Prompt) if f.name in fields})
