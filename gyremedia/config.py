@@ -239,6 +239,9 @@ class RewardSettings:
     """Keys every reward accepts besides its own options."""
 
     weight: float = option(1.0, help="the reward's weight in the total (negative: minimise it)")
+    label: str | None = option(None, check=lambda v: None if v and "/" not in v else "give a name without '/'",
+                               help="the name the run gives it (metrics reward/<label>/..., eval.metric): default its "
+                                    "registered name, or what it serves (remote); select a reward twice with two labels")
     # What a failing sample does: "fail" stops the run naming the reward, step and prompt; "drop"
     # removes the sample from its group (advantage 0, excluded from the group's statistics) and
     # counts it in the metric reward/<name>/dropped. A failure is an exception or a timeout (the
@@ -270,13 +273,19 @@ class Selected:
     settings: Any = None  # instance of COMPONENT_SETTINGS[kind] (weight, failure policy, ...), or None
     meta: dict[str, Any] = field(default_factory=dict)  # the component's capabilities and description
     implied_by: str | None = None  # the key that selected it, when no section names it (objective.kl_beta)
+    registered: str | None = None  # the name it is registered under, when the run calls it otherwise (a label)
+
+    @property
+    def component(self) -> str:
+        """The registered name, which builds it."""
+        return self.registered or self.name
 
     @property
     def weight(self) -> float:
         return self.settings.weight if self.settings is not None else 1.0
 
     def as_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"name": self.name}
+        body: dict[str, Any] = {"name": self.component}
         if self.settings is not None:
             body.update(dataclasses.asdict(self.settings))
         if self.options is not None:
@@ -478,12 +487,30 @@ def _select(pm: PluginManager, kind: str, section: Any, path: str) -> tuple[Sele
     if component.options is None:
         errors += [f"unknown key '{path}.{k}': {kind} {name!r} takes no options besides {common_keys or 'its name'}"
                    for k in body]
-        return (Selected(kind, name, None, settings, dict(component.meta)) if not errors else None), errors
+        label = settings.label if settings is not None else None
+        return (Selected(kind, label or name, None, settings, dict(component.meta), registered=name if label else None)
+                if not errors else None), errors
     errors += _unknown_key_errors(body, component.options, f"{path}.", frozenset(f"{path}.{k}" for k in common_keys))
     if errors:
         return None, errors
     options, errors = _merge(component.options, body, f"{path}.")
-    return (Selected(kind, name, options, settings, dict(component.meta)) if not errors else None), errors
+    if errors:
+        return None, errors
+    # An options class may add to its component's capabilities for this selection: a remote reward's media kinds,
+    # and the name it serves under ("label"), which the run calls it by unless the yaml sets a label.
+    meta = {**component.meta, **(options.capabilities() if hasattr(options, "capabilities") else {})}
+    served_as = meta.pop("label", None)
+    label = (settings.label if settings is not None else None) or served_as
+    return Selected(kind, label or name, options, settings, meta, registered=name if label else None), []
+
+
+def select_component(pm: PluginManager, kind: str, section: dict[str, Any], path: str) -> Selected:
+    """One component chosen outside a run config (``gyremedia serve-reward NAME key=value``), checked as in a run:
+    raises :class:`ConfigError` with one line per problem."""
+    selected, errors = _select(pm, kind, section, path)
+    if errors:
+        raise ConfigError("; ".join(errors))
+    return selected
 
 
 def _section(cfg: DictConfig, dotted: str) -> Any:
@@ -684,8 +711,8 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
         errors.append(f"monitor.gold selects reward {name!r} twice: their scores would share eval/gold/{name}")
     names = [reward.name for reward in rewards]
     for name in sorted({n for n in names if names.count(n) > 1}):
-        errors.append(f"reward {name!r} is selected twice: combine its scores in one reward, or register it "
-                      "under a second name")
+        errors.append(f"reward {name!r} is selected twice: combine its scores in one reward, or give each selection "
+                      "its own label (rewards.N.label)")
     errors += _prompt_checks(core)
     if core.eval.metric is not None and "/" not in core.eval.metric and core.eval.metric not in names:
         example = f"{rewards[0].name}/<component>" if rewards else "<reward>/<component>"

@@ -246,7 +246,7 @@ class PluginManager:
 
     def build(self, selected: Any, context: Any) -> Any:
         """Build a config-selected component and register it so its lifecycle hooks are called."""
-        component = self.component(selected.kind, selected.name).build(selected.options, context)
+        component = self.component(selected.kind, selected.component).build(selected.options, context)
         self.register_component(component, name=f"{selected.kind}:{selected.name}")
         return component
 
