@@ -1,4 +1,4 @@
-"""``gyremedia train | eval | export | config | plugins``: every run is a yaml plus ``key=value`` overrides."""
+"""``gyremedia train | eval | export | config | plugins | serve-reward``: every run is a yaml plus ``key=value`` overrides."""
 
 from __future__ import annotations
 
@@ -175,6 +175,28 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_reward(args: argparse.Namespace) -> int:
+    """Serve one registered reward over HTTP (see :mod:`gyremedia.reward_server`) until interrupted."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from gyremedia.config import select_component
+    from gyremedia.interfaces import BuildContext
+    from gyremedia.reward_server import RewardService, listen, server, url
+
+    pm = PluginManager()
+    try:
+        options = OmegaConf.to_container(OmegaConf.from_dotlist(args.options))
+    except Exception as exc:  # noqa: BLE001 - omegaconf's parse errors name the bad item
+        raise ConfigError(f"reward options: {exc} (give key=value, e.g. batch_size=8)") from exc
+    selected = select_component(pm, "reward", {"name": args.name, **options}, "reward")
+    reward = pm.build(selected, BuildContext(device=torch.device(args.device)))
+    sock = listen(args.host, args.port)
+    print(f"serving reward {selected.name!r} on {url(sock)}", flush=True)
+    server(RewardService(selected.name, reward, args.max_batch, args.batch_wait)).run(sockets=[sock])
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -208,7 +230,26 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = commands.add_parser("plugins", parents=[common], help="list plugins, what they register and the hooks they implement")
     plugins.add_argument("--json", action="store_true", help="print one JSON object")
     plugins.set_defaults(func=cmd_plugins)
+    served = commands.add_parser("serve-reward", parents=[common],
+                                 help="serve a registered reward over HTTP for the 'remote' reward (its own process and "
+                                      "environment)")
+    served.add_argument("name", help="the registered reward (see `gyremedia plugins`)")
+    served.add_argument("options", nargs="*", metavar="key=value", help="the reward's options")
+    served.add_argument("--host", default="127.0.0.1", help="the address to bind (default: loopback only; 0.0.0.0 "
+                                                            "serves every network this machine is on)")
+    served.add_argument("--port", type=int, default=8000, help="the port (0: any free one, printed at start)")
+    served.add_argument("--device", default="cuda" if _has_cuda() else "cpu", help="where the reward's model runs")
+    served.add_argument("--max-batch", type=int, default=64, help="samples scored in one call at most")
+    served.add_argument("--batch-wait", type=float, default=0.005,
+                        help="seconds a request waits for others to be scored with it")
+    served.set_defaults(func=cmd_serve_reward)
     return parser
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,10 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [a for a in extra if a.startswith("-") or "=" not in a]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    positional = "overrides" if hasattr(args, "overrides") else "args"
+    positional = next((name for name in ("overrides", "options", "args") if hasattr(args, name)), "args")
     if extra:
         setattr(args, positional, [*getattr(args, positional), *extra])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "serve-reward":  # in a reward's own environment, which may lack what training imports
+        return _one_line_errors(args, (ConfigError, PluginError))
     from gyremedia.checkpoint import CheckpointError
     from gyremedia.distributed import FailedElsewhere
     from gyremedia.scoring import RewardError
@@ -232,9 +275,15 @@ def main(argv: list[str] | None = None) -> int:
 
     # Errors a user can act on print one line (the key and the fix) and their class's exit code (the table in
     # docs/errors.md); --debug shows the traceback.
+    return _one_line_errors(args, (ConfigError, PluginError, RewardError, NonFiniteLoss, CheckpointError, Interrupted,
+                                   FailedElsewhere))
+
+
+def _one_line_errors(args: argparse.Namespace, actionable: tuple[type[Exception], ...]) -> int:
+    """Run the command; an error of an ``actionable`` class prints one line and returns its exit code."""
     try:
         return args.func(args)
-    except (ConfigError, PluginError, RewardError, NonFiniteLoss, CheckpointError, Interrupted, FailedElsewhere) as exc:
+    except actionable as exc:
         if getattr(args, "debug", False):
             raise
         # one write of the whole line: the processes of a run share stderr, and print's separate write of the
