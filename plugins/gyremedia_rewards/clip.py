@@ -17,6 +17,7 @@ import torch
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, option
 from gyremedia.rollout import Media
+from gyremedia_rewards.preference import reward_device
 
 
 @dataclass
@@ -86,10 +87,6 @@ class ClipEncoder:
         return torch.stack([self._text_cache[t] for t in texts])
 
 
-def _device(options: ClipOptions, context: BuildContext | None) -> torch.device:
-    if options.device:
-        return torch.device(options.device)
-    return context.device if context is not None else torch.device("cpu")
 
 
 class ClipScore:
@@ -98,7 +95,7 @@ class ClipScore:
     kinds = {"image"}
 
     def __init__(self, options: ClipOptions, context: BuildContext | None = None) -> None:
-        self.encoder = ClipEncoder(options, _device(options, context))
+        self.encoder = ClipEncoder(options, reward_device(context, options.device))
         self.batch_size = options.batch_size
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
@@ -112,7 +109,7 @@ class ClipSteering:
     kinds = {"image"}
 
     def __init__(self, options: ClipSteeringOptions, context: BuildContext | None = None) -> None:
-        self.encoder = ClipEncoder(options, _device(options, context))
+        self.encoder = ClipEncoder(options, reward_device(context, options.device))
         self.batch_size = options.batch_size
         self.positive, self.negative = options.positive, options.negative
         self.direction = self.encoder.texts(self.positive).mean(0) - self.encoder.texts(self.negative).mean(0)

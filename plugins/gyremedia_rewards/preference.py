@@ -110,7 +110,10 @@ class _Clip:
         return torch.nn.functional.normalize(projected(self.model.get_text_features(**inputs)), dim=-1)
 
 
-def _device(context: BuildContext | None) -> torch.device:
+def reward_device(context: BuildContext | None, chosen: str | None = None) -> torch.device:
+    """Where a reward's model runs: ``chosen`` when its options name a device, else the run's (CPU outside one)."""
+    if chosen:
+        return torch.device(chosen)
     return context.device if context is not None else torch.device("cpu")
 
 
@@ -120,7 +123,7 @@ class PickScore:
     kinds = {"image"}
 
     def __init__(self, options: PickScoreOptions, context: BuildContext | None = None) -> None:
-        self.clip = _Clip(options.model, options.processor, _device(context))
+        self.clip = _Clip(options.model, options.processor, reward_device(context))
         self.scale, self.batch_size = options.scale, options.batch_size
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
@@ -146,7 +149,7 @@ class AestheticScore:
     kinds = {"image"}
 
     def __init__(self, options: AestheticOptions, context: BuildContext | None = None) -> None:
-        self.clip = _Clip(options.model, options.model, _device(context))
+        self.clip = _Clip(options.model, options.model, reward_device(context))
         self.head = aesthetic_head(self.clip.model.config.projection_dim)
         if options.predictor.endswith(".safetensors"):
             from safetensors.torch import load_file
@@ -175,7 +178,7 @@ class HPSv2:
         if name.endswith(".json"):
             open_clip.add_model_config(Path(name))
             name = Path(name).stem
-        device = _device(context)
+        device = reward_device(context)
         self.model, _, self.preprocess = open_clip.create_model_and_transforms(name, pretrained=None, device=device)
         state = torch.load(Path(options.checkpoint).expanduser(), map_location=device, weights_only=True)
         self.model.load_state_dict(state.get("state_dict", state))
