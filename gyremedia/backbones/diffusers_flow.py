@@ -68,11 +68,12 @@ class PipelineOptions:
             raise OptionError("attention", "xformers is not installed: pip install 'gyremedia[gpu]', or use sdpa")
 
 
-def image_size(pipeline, height: int | None, width: int | None, multiple: int) -> tuple[int, int]:
-    """The image size in pixels: the given one, else the VAE's ``sample_size`` (stored in every pipeline
-    folder; the transformer's config has no size); refused unless both are multiples of ``multiple``, which
-    the pipelines would silently round down."""
-    size = pipeline.vae.config.sample_size
+def image_size(pipeline, height: int | None, width: int | None, multiple: int,
+               default: int | None = None) -> tuple[int, int]:
+    """The image size in pixels: the given one, else ``default``, else the VAE's ``sample_size`` (stored in every
+    pipeline folder); refused unless both are multiples of ``multiple``, which the pipelines would silently round
+    down."""
+    size = default or pipeline.vae.config.sample_size
     default_height, default_width = size if isinstance(size, (list, tuple)) else (size, size)
     height, width = height or default_height, width or default_width
     for name, pixels in (("height", height), ("width", width)):

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions
+from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions, image_size
 from gyremedia.backbones.tiny_sd3 import TinySD3Options, build_tiny_sd3_pipeline
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import option
@@ -21,6 +21,9 @@ from gyremedia.options import option
 @dataclass
 class FlowMatchingOptions(PipelineOptions):
     tiny: TinySD3Options = field(default_factory=TinySD3Options)
+    height: int | None = option(None, ge=1, help="image height in pixels; None: the transformer's sample_size times "
+                                                 "the VAE factor (SD3.5: 1024; Flow-GRPO trains SD3.5-M at 512)")
+    width: int | None = option(None, ge=1, help="image width in pixels; None: as for height")
     # ParetoSlider: a trainable linear map (zero at start, so the base model is unchanged) adds a
     # reward-preference weight vector of this length to the pooled text embedding; 0 = none.
     preference_inputs: int = option(0, ge=0, help="length of the reward-preference input (ParetoSlider); 0 = none")
@@ -42,6 +45,9 @@ class FlowMatchingBackbone(DiffusersFlowPolicy):
 
     def __init__(self, options: FlowMatchingOptions, context: BuildContext) -> None:
         super().__init__(options, context)
+        factor, config = self.pipeline.vae_scale_factor, self.transformer.config
+        self.height, self.width = image_size(self.pipeline, options.height, options.width, factor * config.patch_size,
+                                             default=config.sample_size * factor)
         self.preference_embedder: torch.nn.Linear | None = None
         if options.preference_inputs:
             self._add_preference_embedder(options.preference_inputs)
@@ -76,8 +82,8 @@ class FlowMatchingBackbone(DiffusersFlowPolicy):
         return {"prompt_embeds": embeds[0], "pooled_projections": pooled[0]}
 
     def state_shape(self) -> tuple[int, ...]:
-        config = self.transformer.config
-        return config.in_channels, config.sample_size, config.sample_size
+        factor = self.pipeline.vae_scale_factor
+        return self.transformer.config.in_channels, self.height // factor, self.width // factor
 
     def extra_conditions(self, conditions: dict[str, torch.Tensor], reference: bool) -> dict[str, torch.Tensor]:
         """The preference input (ParetoSlider) added to the pooled embedding; the reference never sees it."""
@@ -95,9 +101,7 @@ class FlowMatchingBackbone(DiffusersFlowPolicy):
                 "pooled_projections": conditions["pooled_projections"]}
 
     def generation_arguments(self) -> dict[str, int]:
-        config = self.transformer.config
-        size = config.sample_size * self.pipeline.vae_scale_factor
-        arguments = {"height": size, "width": size}
+        arguments = {"height": self.height, "width": self.width}
         if self.options.max_sequence_length != DIFFUSERS_SEQUENCE_LENGTH:
             arguments["max_sequence_length"] = self.options.max_sequence_length
         return arguments
