@@ -487,7 +487,7 @@ def _select(pm: PluginManager, kind: str, section: Any, path: str) -> tuple[Sele
     if component.options is None:
         errors += [f"unknown key '{path}.{k}': {kind} {name!r} takes no options besides {common_keys or 'its name'}"
                    for k in body]
-        label = settings.label if settings is not None else None
+        label = getattr(settings, "label", None)
         return (Selected(kind, label or name, None, settings, dict(component.meta), registered=name if label else None)
                 if not errors else None), errors
     errors += _unknown_key_errors(body, component.options, f"{path}.", frozenset(f"{path}.{k}" for k in common_keys))
@@ -500,7 +500,7 @@ def _select(pm: PluginManager, kind: str, section: Any, path: str) -> tuple[Sele
     # and the name it serves under ("label"), which the run calls it by unless the yaml sets a label.
     meta = {**component.meta, **(options.capabilities() if hasattr(options, "capabilities") else {})}
     served_as = meta.pop("label", None)
-    label = (settings.label if settings is not None else None) or served_as
+    label = getattr(settings, "label", None) or served_as  # rewards have labels; regularizers do not
     return Selected(kind, label or name, options, settings, meta, registered=name if label else None), []
 
 

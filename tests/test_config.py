@@ -121,3 +121,15 @@ def test_reused_rollout_forwards_need_an_on_policy_flat_rollout_and_a_planning_o
     with pytest.raises(ConfigError, match=re.escape(message)):
         make_config("train.reuse_rollout_forward=true", *overrides)
     make_config(*overrides)  # the same settings without it are fine
+
+
+def test_a_label_selects_one_reward_twice(make_config):
+    with pytest.raises(ConfigError, match="reward 'jpeg_compressibility' is selected twice: .* its own label"):
+        make_config("rewards=[jpeg_compressibility, jpeg_compressibility]")
+    config = make_config("rewards=[{name: jpeg_compressibility, label: small}, "
+                         "{name: jpeg_compressibility, label: big, quality: 50}]", "eval.metric=big")
+    assert [(s.name, s.component) for s in config.rewards] == [("small", "jpeg_compressibility"),
+                                                              ("big", "jpeg_compressibility")]
+    assert config.rewards[1].as_dict()["name"] == "jpeg_compressibility"  # the saved config selects the plugin
+    with pytest.raises(ConfigError, match=r"rewards.0.label='a/b': give a name without '/'"):
+        make_config("rewards=[{name: jpeg_compressibility, label: a/b}]")
