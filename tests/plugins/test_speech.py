@@ -241,7 +241,7 @@ def speech_config(tmp_path: Path, *overrides: str):
 
 def test_an_image_reward_fails_at_config_time(tmp_path):
     with pytest.raises(ConfigError, match="reward 'shapes_verifier' scores image, but backbone 'speech_enhancement' makes "
-                                          "audio: choose one of dnsmos, estoi, pesq, si_sdr"):
+                                          "audio: choose one of clap, dnsmos, estoi, pesq, si_sdr"):
         speech_config(tmp_path, "rewards.0.name=shapes_verifier")
 
 
