@@ -58,9 +58,17 @@ def gyremedia_register_rewards(register):
 @hookimpl
 def gyremedia_configure(config, accelerator):
     """A training run stops before any model loads when a judge on another machine has no key (checked here, not
-    with the options, so ``gyremedia export`` and ``config`` of such a run need no key)."""
+    with the options, so ``gyremedia export`` and ``config`` of such a run need no key), or when a judge that grades
+    images only (a UnifiedReward preset) would be given a token policy's text."""
+    media = config.backbone.meta.get("media_kind") if config.backbone is not None else None
     for key, selected in [*((f"rewards.{i}", s) for i, s in enumerate(config.rewards)),
                           *((f"monitor.gold.{i}", s) for i, s in enumerate(config.gold_rewards))]:
-        why = isinstance(selected.options, VlmJudgeOptions) and missing_key(selected.options)
+        if not isinstance(selected.options, VlmJudgeOptions):
+            continue
+        why = missing_key(selected.options)
         if why:
             raise ConfigError(f"{key}.api_key_env={selected.options.api_key_env!r}: {why}")
+        if media == "text" and selected.options.text_rubric is None:
+            raise ConfigError(f"{key}.preset={selected.options.preset!r}: judges images, but backbone "
+                              f"{config.backbone.name!r} makes text: use preset: none (its text_rubric), or set "
+                              "text_rubric, score_pattern and max_score")

@@ -2,11 +2,26 @@
 
 Each image goes to ``{base_url}/chat/completions`` as a PNG data URL beside a rubric naming the
 prompt; a text completion (a token policy's) goes inside ``text_rubric`` beside its prompt, so the
-same client is an LLM judge. The first number in the reply, divided by ``max_score``, is the score. Requests run
+same client is an LLM judge. The first number in the reply (the first match of ``score_pattern``), divided by
+``max_score``, is the score. Requests run
 ``max_concurrency`` at a time; connection errors, timeouts, HTTP 429/5xx and unparseable replies
 are retried with exponential backoff. A sample whose retries run out gets a NaN score, which the
 reward's ``on_failure`` policy turns into a clear error (``fail``) or a dropped sample (``drop``).
 Start a judge with e.g. ``vllm serve Qwen/Qwen2.5-VL-7B-Instruct`` and point ``base_url`` at it.
+
+``preset`` names a judge whose question its model was trained on, and fills in ``model``, ``rubric``,
+``text_rubric``, ``score_pattern``, ``max_score`` and ``max_tokens`` where the yaml leaves them out (a key the
+yaml sets wins, e.g. ``model: UnifiedReward`` for a server started with ``--served-model-name UnifiedReward``):
+
+- ``unified_reward``: UnifiedReward's pointwise image-generation question for its Qwen2.5-VL checkpoints
+  (``vllm serve CodeGoat24/UnifiedReward-qwen-7b``, or ``UnifiedReward-2.0-qwen-7b``).
+- ``unified_reward_flow_grpo``: the question Flow-GRPO's ``unifiedreward`` reward sends to the LLaVA checkpoint
+  ``CodeGoat24/UnifiedReward-7b-v1.5`` (served by SGLang in Flow-GRPO's README).
+
+Both send the image before the question, as their sources do, and read the number after ``Final Score:`` (1 to 5)
+divided by 5, as Flow-GRPO does; both judge images only. Where Flow-GRPO scores a reply without a score 0, it is
+retried here and then NaN, like any unreadable reply; and Flow-GRPO resizes each image to 512x512 first, where this
+client sends it as sampled.
 
 The API key (from ``api_key_env``) goes only over https or to this machine (loopback), unless the yaml sets
 ``allow_insecure_key``; it is never forwarded when the server redirects to another host. A server elsewhere
@@ -16,6 +31,7 @@ needs its key set before the run starts (checked with the config), or ``api_key_
 from __future__ import annotations
 
 import base64
+import dataclasses
 import ipaddress
 import io
 import json
@@ -29,6 +45,7 @@ import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -41,34 +58,124 @@ from gyremedia.rollout import Media
 logger = logging.getLogger("gyremedia")
 
 
+@dataclass(frozen=True)
+class Preset:
+    """What ``preset`` fills in where the yaml leaves a key out: the judge, its questions, how its reply is read."""
+
+    model: str
+    rubric: str
+    text_rubric: str | None  # None: the judge grades images only
+    score_pattern: str
+    max_score: float
+    max_tokens: int
+
+
+#: The number after "Final Score:" (1 to 5), as Flow-GRPO's ``unifiedreward_score_sglang`` reads it
+#: (yifan123/flow_grpo, flow_grpo/rewards.py).
+UNIFIED_REWARD_SCORE = r"Final Score:\s*([1-5](?:\.\d+)?)"
+
+PRESETS: dict[str, Preset] = {
+    "none": Preset(
+        model="Qwen/Qwen2.5-VL-7B-Instruct",
+        rubric="Does this image match the description: \"{prompt}\"? Rate it from 0 (not at all) to 10 (perfectly). "
+               "Answer with the number only.",
+        text_rubric="Here is a request and an answer to it.\n\nRequest: {prompt}\n\nAnswer: {completion}\n\n"
+                    "Rate the answer from 0 (useless or wrong) to 10 (correct and helpful). Answer with the number "
+                    "only.",
+        score_pattern=r"-?\d+(?:\.\d+)?", max_score=10.0, max_tokens=16),
+    # The pointwise image-generation question UnifiedReward's authors ask its Qwen2.5-VL checkpoints, verbatim
+    # (CodeGoat24/UnifiedReward, inference_qwen/image_generation/qwen_point_score_image_generation.py; the
+    # "Classic" capabilities of UnifiedReward-2.0-qwen). The reply lists "element (type): 0/1" lines, then
+    # "Final Score: X"; 512 tokens as that script's max_new_tokens.
+    "unified_reward": Preset(
+        model="CodeGoat24/UnifiedReward-qwen-7b",
+        rubric="You are given a text caption and a generated image based on that caption. Your task is to evaluate "
+               "this image based on two key criteria:\n1. Alignment with the Caption: Assess how well this image "
+               "aligns with the provided caption. Consider the accuracy of depicted objects, their relationships, and "
+               "attributes as described in the caption.\n2. Overall Image Quality: Examine the visual quality of this "
+               "image, including clarity, detail preservation, color accuracy, and overall aesthetic appeal.\nExtract "
+               "key elements from the provided text caption, evaluate their presence in the generated image using the "
+               "format: 'element (type): value' (where value=0 means not generated, and value=1 means generated), and "
+               "assign a score from 1 to 5 after 'Final Score:'.\nYour task is provided as follows:\n"
+               "Text Caption: [{prompt}]",
+        text_rubric=None, score_pattern=UNIFIED_REWARD_SCORE, max_score=5.0, max_tokens=512),
+    # The question Flow-GRPO's "unifiedreward" reward sends, verbatim with its leading "<image>\n" (LLaVA's image
+    # placeholder), beside the image, to CodeGoat24/UnifiedReward-7b-v1.5 served by SGLang (yifan123/flow_grpo,
+    # flow_grpo/rewards.py, unifiedreward_score_sglang; the same text is CodeGoat24/UnifiedReward's
+    # sglang_llava/sglang_inference.py). Flow-GRPO divides the score by 5.
+    "unified_reward_flow_grpo": Preset(
+        model="CodeGoat24/UnifiedReward-7b-v1.5",
+        rubric="<image>\nYou are given a text caption and a generated image based on that caption. Your task is to "
+               "evaluate this image based on two key criteria:\n1. Alignment with the Caption: Assess how well this "
+               "image aligns with the provided caption. Consider the accuracy of depicted objects, their "
+               "relationships, and attributes as described in the caption.\n2. Overall Image Quality: Examine the "
+               "visual quality of this image, including clarity, detail preservation, color accuracy, and overall "
+               "aesthetic appeal.\nBased on the above criteria, assign a score from 1 to 5 after 'Final Score:'.\n"
+               "Your task is provided as follows:\nText Caption: [{prompt}]",
+        text_rubric=None, score_pattern=UNIFIED_REWARD_SCORE, max_score=5.0, max_tokens=512),
+}
+
+#: The keys a preset fills in.
+PRESET_KEYS = tuple(f.name for f in dataclasses.fields(Preset))
+#: The keys that say what the question is and how its answer is read: one of them left at the built-in
+#: judge's value under another preset mixes two judges (typically a config saved before the preset was chosen).
+QUESTION_KEYS = ("rubric", "score_pattern", "max_score")
+
+
 @dataclass
 class VlmJudgeOptions:
     base_url: str = option("http://127.0.0.1:8000/v1", help="the server's OpenAI-compatible root",
                            check=lambda v: None if v.startswith(("http://", "https://")) else "give an http(s):// URL")
-    model: str = option("Qwen/Qwen2.5-VL-7B-Instruct", help="the model name the server serves")
+    preset: Literal["none", "unified_reward", "unified_reward_flow_grpo"] = option(
+        "none", help="a judge whose question its model was trained on: fills in model, rubric, text_rubric, "
+                     "score_pattern, max_score and max_tokens where they are not set (unified_reward: UnifiedReward's "
+                     "Qwen checkpoints; unified_reward_flow_grpo: Flow-GRPO's UnifiedReward-7b-v1.5 question)")
+    model: str | None = option(None, help="the model name the server serves (None: the preset's; preset none: "
+                                          "Qwen/Qwen2.5-VL-7B-Instruct)")
     api_key_env: str = option("OPENAI_API_KEY", help="environment variable holding the key (keys never go in a yaml); "
                               "empty for a server elsewhere that takes no key")
     allow_insecure_key: bool = option(False, help="send the key over plain http to a host other than this machine "
                                       "(anyone on the way can read it)")
-    rubric: str = option("Does this image match the description: \"{prompt}\"? Rate it from 0 (not at all) to 10 "
-                         "(perfectly). Answer with the number only.", help="the question; {prompt} is the sample's prompt",
-                         check=lambda v: None if "{prompt}" in v else "must contain {prompt}, where the sample's prompt goes")
-    text_rubric: str = option("Here is a request and an answer to it.\n\nRequest: {prompt}\n\nAnswer: {completion}\n\n"
-                              "Rate the answer from 0 (useless or wrong) to 10 (correct and helpful). Answer with the "
-                              "number only.", help="the question for text media; {prompt} and {completion} are filled in",
-                              check=lambda v: None if "{completion}" in v else "must contain {completion}, where the answer goes")
-    score_pattern: str = option(r"-?\d+(?:\.\d+)?", help="the first match in the reply is the raw score",
-                                check=regular_expression)
-    max_score: float = option(10.0, gt=0, help="raw scores are divided by this")
+    rubric: str | None = option(None, help="the question; {prompt} is the sample's prompt (None: the preset's; preset "
+                                           "none asks for a 0-10 match with the description)",
+                                check=lambda v: None if "{prompt}" in v else "must contain {prompt}, where the sample's prompt goes")
+    text_rubric: str | None = option(None, help="the question for text media; {prompt} and {completion} are filled in "
+                                                "(None: the preset's; a UnifiedReward preset judges images only)",
+                                     check=lambda v: None if "{completion}" in v else "must contain {completion}, where the answer goes")
+    score_pattern: str | None = option(None, help="the first match in the reply is the raw score, or its first "
+                                                  "group when the pattern has one (None: the preset's; preset none: "
+                                                  "the first number; UnifiedReward: the number after 'Final Score:')",
+                                       check=regular_expression)
+    max_score: float | None = option(None, gt=0, help="raw scores are divided by this, then clipped to [0, 1] (None: "
+                                                      "the preset's: 10, or 5 for UnifiedReward)")
     max_concurrency: int = option(8, ge=1, help="requests in flight at once")
     request_timeout: float = option(60.0, gt=0, help="seconds per request")
     max_retries: int = option(3, ge=0, help="extra attempts after a failed or unparseable reply")
     backoff: float = option(1.0, ge=0, help="seconds before the first retry, doubled after each")
-    max_tokens: int = option(16, ge=1, help="longest reply")
+    max_tokens: int | None = option(None, ge=1, help="longest reply (None: the preset's: 16, or 512 for UnifiedReward, "
+                                                     "which lists what it checked before its score)")
     temperature: float = option(0.0, ge=0, help="the judge's sampling temperature")
 
+    def __post_init__(self) -> None:
+        """Fill the keys the yaml left out from the preset, so the options (and the config a run saves) hold the
+        values the judge uses."""
+        preset = PRESETS.get(self.preset)
+        if preset is None:  # not a preset: validate() names the choices
+            return
+        for key in PRESET_KEYS:
+            if getattr(self, key) is None:
+                setattr(self, key, getattr(preset, key))
+
     def validate(self) -> None:
-        """A key goes to a server elsewhere only over https, unless the yaml opts in."""
+        """A preset's question is not mixed with the built-in one; a key goes to a server elsewhere only over https,
+        unless the yaml opts in."""
+        if self.preset != "none":
+            builtin, chosen = PRESETS["none"], PRESETS[self.preset]
+            for key in QUESTION_KEYS:
+                if getattr(self, key) == getattr(builtin, key) != getattr(chosen, key):
+                    raise OptionError(key, f"is preset none's {key}, which preset {self.preset!r} replaces with its "
+                                           f"own: leave {key} out (a config saved before the preset was chosen holds "
+                                           "it), or set preset: none")
         url = urllib.parse.urlsplit(self.base_url)
         if is_loopback(url.hostname or ""):
             return
@@ -138,6 +245,9 @@ class VlmJudge:
     def message(self, prompt: str, sample: torch.Tensor | str) -> list[dict]:
         """The user message's content for one sample: the image and the rubric, or the text rubric."""
         if isinstance(sample, str):
+            if self.options.text_rubric is None:
+                raise RuntimeError(f"vlm_judge preset {self.options.preset!r} judges images, not text: set text_rubric "
+                                   "(and a score_pattern and max_score to read its answer), or use preset: none")
             return [{"type": "text", "text": self.options.text_rubric.format(prompt=prompt, completion=sample)}]
         return [{"type": "image_url", "image_url": {"url": image_data_url(sample)}},
                 {"type": "text", "text": self.options.rubric.format(prompt=prompt)}]
@@ -163,9 +273,14 @@ class VlmJudge:
     def parse(self, text: str) -> float:
         """The reply's score in [0, 1]; raises :class:`JudgeReplyError` when there is none."""
         match = self.pattern.search(text)
-        if match is None:
+        raw = match and match.group(1 if self.pattern.groups else 0)
+        if not raw:
             raise JudgeReplyError(f"no score in the reply {text[:200]!r}")
-        return min(max(float(match.group(0)) / self.options.max_score, 0.0), 1.0)
+        try:
+            value = float(raw)
+        except ValueError as exc:
+            raise JudgeReplyError(f"the score {raw!r} in the reply {text[:200]!r} is not a number") from exc
+        return min(max(value / self.options.max_score, 0.0), 1.0)
 
     def judge(self, prompt: str, sample: torch.Tensor | str) -> float:
         """One sample's score, retried with backoff; NaN when every attempt failed."""

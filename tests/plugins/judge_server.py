@@ -4,7 +4,11 @@ Run as ``python judge_server.py``: prints its port, then serves until killed. It
 its mean brightness (0-10), a text answer by its number of words (at most 10). Words in the rubric's prompt choose a misbehaviour:
 ``slow`` sleeps 3 s; ``flaky`` answers HTTP 500 to the first request for that prompt; ``busy``
 answers 429 once; ``garbage`` answers prose without a number; ``badrequest`` answers 400.
-``GET /stats`` reports the request count and the most requests ever in flight at once.
+A question that asks for a score "after 'Final Score:'" (UnifiedReward's) is answered as UnifiedReward answers:
+an "element (type): 0/1" line, then "Final Score: X" with X the brightness on 1-5 (half the 0-10 grade, at least 1);
+its ``garbage`` answer has the element line and no final score. The prompt is the question's "Text Caption: [...]".
+``GET /stats`` reports the request count and the most requests ever in flight at once; ``GET /received``
+the last message content received for each prompt.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from PIL import Image
 lock = threading.Lock()
 stats = {"requests": 0, "in_flight": 0, "max_in_flight": 0}
 seen: dict[str, int] = {}
+received: dict[str, list] = {}
 
 
 class Judge(BaseHTTPRequestHandler):
@@ -43,15 +48,20 @@ class Judge(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         with lock:
-            self.reply(200, dict(stats))
+            self.reply(200, dict(received) if self.path == "/received" else dict(stats))
 
     def do_POST(self) -> None:
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         content = request["messages"][0]["content"]
         text = next(part["text"] for part in content if part["type"] == "text")
         url = next((part["image_url"]["url"] for part in content if part["type"] == "image_url"), None)
-        prompt = re.search(r'"(.*)"', text).group(1) if url else re.search(r"Request: (.*)", text).group(1)
+        unified = "after 'Final Score:'" in text
+        if unified:
+            prompt = re.search(r"Text Caption: \[(.*)\]$", text).group(1)
+        else:
+            prompt = re.search(r'"(.*)"', text).group(1) if url else re.search(r"Request: (.*)", text).group(1)
         with lock:
+            received[prompt] = content
             stats["requests"] += 1
             stats["in_flight"] += 1
             stats["max_in_flight"] = max(stats["max_in_flight"], stats["in_flight"])
@@ -70,7 +80,11 @@ class Judge(BaseHTTPRequestHandler):
         else:
             image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
             score = round(float(np.asarray(image, dtype=np.float32).mean() / 255 * 10), 1)
-        answer = "I would rather not say." if "garbage" in prompt else f"{score}"
+        if unified:
+            final = "" if "garbage" in prompt else f"\nFinal Score: {max(score / 2, 1.0)}"
+            answer = f"{prompt.split()[-1]} (object): 1{final}"
+        else:
+            answer = "I would rather not say." if "garbage" in prompt else f"{score}"
         self.reply(200, {"choices": [{"message": {"role": "assistant", "content": answer}}]})
 
 

@@ -16,7 +16,7 @@ from gyremedia.options import validate
 from gyremedia.config import RewardSettings, Selected
 from gyremedia.rollout import Media
 from gyremedia.scoring import RewardError, Scorer
-from gyremedia_rewards.vlm_judge import VlmJudge, VlmJudgeOptions
+from gyremedia_rewards.vlm_judge import PRESETS, JudgeReplyError, VlmJudge, VlmJudgeOptions
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +192,136 @@ def test_a_run_with_a_remote_judge_and_no_key_stops_before_any_model_loads(make_
     monkeypatch.setenv("OPENAI_API_KEY", "k")
     with pytest.raises(AssertionError, match="a component was built"):  # with the key, setup goes on to build
         Trainer(config, PluginManager()).setup()
+
+
+# UnifiedReward's pointwise image-generation question, as its authors ask the Qwen2.5-VL checkpoints
+# (CodeGoat24/UnifiedReward, inference_qwen/image_generation/qwen_point_score_image_generation.py), and as
+# Flow-GRPO asks UnifiedReward-7b-v1.5 (yifan123/flow_grpo, flow_grpo/rewards.py): spelled out again here, so an
+# edit to the preset's text shows.
+UNIFIED_REWARD_QUESTION = (
+    "You are given a text caption and a generated image based on that caption. Your task is to evaluate this image "
+    "based on two key criteria:\n"
+    "1. Alignment with the Caption: Assess how well this image aligns with the provided caption. Consider the accuracy "
+    "of depicted objects, their relationships, and attributes as described in the caption.\n"
+    "2. Overall Image Quality: Examine the visual quality of this image, including clarity, detail preservation, color "
+    "accuracy, and overall aesthetic appeal.\n"
+    "Extract key elements from the provided text caption, evaluate their presence in the generated image using the "
+    "format: 'element (type): value' (where value=0 means not generated, and value=1 means generated), and assign a "
+    "score from 1 to 5 after 'Final Score:'.\n"
+    "Your task is provided as follows:\n"
+    "Text Caption: [a cat on a mat]")
+FLOW_GRPO_QUESTION = (
+    "<image>\n"
+    "You are given a text caption and a generated image based on that caption. Your task is to evaluate this image "
+    "based on two key criteria:\n"
+    "1. Alignment with the Caption: Assess how well this image aligns with the provided caption. Consider the accuracy "
+    "of depicted objects, their relationships, and attributes as described in the caption.\n"
+    "2. Overall Image Quality: Examine the visual quality of this image, including clarity, detail preservation, color "
+    "accuracy, and overall aesthetic appeal.\n"
+    "Based on the above criteria, assign a score from 1 to 5 after 'Final Score:'.\n"
+    "Your task is provided as follows:\n"
+    "Text Caption: [a cat on a mat]")
+
+
+def received(server: str) -> dict:
+    with urllib.request.urlopen(server + "/received") as response:
+        return json.loads(response.read())
+
+
+def test_without_a_preset_the_judge_is_the_generic_one_it_was():
+    options = VlmJudgeOptions()
+    assert (options.preset, options.model, options.score_pattern, options.max_score, options.max_tokens) == (
+        "none", "Qwen/Qwen2.5-VL-7B-Instruct", r"-?\d+(?:\.\d+)?", 10.0, 16)
+    assert options.rubric.startswith('Does this image match the description: "{prompt}"?')
+    assert options.text_rubric.startswith("Here is a request and an answer to it.")
+
+
+@pytest.mark.parametrize("preset,model,question", [
+    ("unified_reward", "CodeGoat24/UnifiedReward-qwen-7b", UNIFIED_REWARD_QUESTION),
+    ("unified_reward_flow_grpo", "CodeGoat24/UnifiedReward-7b-v1.5", FLOW_GRPO_QUESTION),
+])
+def test_a_unified_reward_preset_asks_its_question_beside_the_image_and_reads_the_final_score(preset, model, question):
+    options = VlmJudgeOptions(preset=preset)
+    assert (options.model, options.max_score, options.max_tokens, options.text_rubric) == (model, 5.0, 512, None)
+    assert validate(options) == []
+    reward = VlmJudge(options)
+    content = reward.message("a cat on a mat", grey(0.5).data[0])
+    assert [part["type"] for part in content] == ["image_url", "text"]  # the image first, as UnifiedReward's scripts
+    assert content[1]["text"] == question
+    # the elements it checked come first, each with a number: the score is the one after "Final Score:"
+    assert reward.parse("cat (object): 1\nmat (object): 0\nFinal Score: 3.5") == pytest.approx(3.5 / 5)
+    assert reward.parse("Final Score:4") == pytest.approx(0.8)
+    for unreadable in ("cat (object): 1\nmat (object): 1", "Final Score: 0.5", "Final Score: seven"):
+        with pytest.raises(JudgeReplyError, match="no score"):
+            reward.parse(unreadable)
+
+
+def test_a_unified_reward_judge_scores_over_http_and_a_reply_without_a_final_score_is_nan(server):
+    reward = judge(server, preset="unified_reward", max_retries=1)  # model: the name this server serves, which wins
+    assert reward.options.model == "test-judge" and reward.options.max_score == 5.0
+    scores = reward(grey(0.7, 0.3, 0.5), ["a grey square", "a dark square", "a garbage square"])["score"]
+    # the server answers "square (object): 1\nFinal Score: 3.5" for 0.7: read as 3.5 / 5, not the element's 1
+    torch.testing.assert_close(scores[:2], torch.tensor([0.7, 0.3]), atol=0.011, rtol=0)
+    assert scores[2].isnan()  # Flow-GRPO would score it 0; here it is retried, then left to on_failure
+    sent = received(server)["a grey square"]
+    assert [part["type"] for part in sent] == ["image_url", "text"]
+    assert sent[1]["text"] == UNIFIED_REWARD_QUESTION.replace("a cat on a mat", "a grey square")
+
+
+def test_keys_the_yaml_sets_win_over_the_preset():
+    options = VlmJudgeOptions(preset="unified_reward", model="UnifiedReward", max_tokens=1024,
+                              score_pattern=r"Final Score:\s*(\d+(?:\.\d+)?)")
+    assert (options.model, options.max_tokens, options.score_pattern) == (
+        "UnifiedReward", 1024, r"Final Score:\s*(\d+(?:\.\d+)?)")
+    assert options.rubric == PRESETS["unified_reward"].rubric and options.max_score == 5.0
+
+
+def test_a_preset_refuses_the_generic_question_left_over_from_a_saved_config():
+    generic = VlmJudgeOptions()
+    errors = validate(VlmJudgeOptions(preset="unified_reward", rubric=generic.rubric))
+    assert len(errors) == 1 and errors[0].startswith("rubric='Does this image match")
+    assert errors[0].endswith(": is preset none's rubric, which preset 'unified_reward' replaces with its own: leave "
+                              "rubric out (a config saved before the preset was chosen holds it), or set preset: none")
+    assert validate(VlmJudgeOptions(preset="unified_reward", max_score=10.0))[0].startswith("max_score=10.0: is preset "
+                                                                                             "none's max_score")
+
+
+def test_the_resolved_config_holds_the_presets_values_and_resolves_to_itself(make_config, tmp_path):
+    from gyremedia.config import load_config, resolve_config
+    from gyremedia.plugins import PluginManager
+
+    config = make_config("rewards=[{name: vlm_judge, preset: unified_reward, model: UnifiedReward}]")
+    options = config.rewards[0].options
+    assert options.model == "UnifiedReward"
+    assert (options.rubric, options.max_score) == (PRESETS["unified_reward"].rubric, 5.0)
+    saved = tmp_path / "resolved.yaml"
+    saved.write_text(config.to_yaml())
+    again = resolve_config(load_config(saved, []), PluginManager())
+    assert again.rewards[0].options == options and again.to_yaml() == config.to_yaml()
+
+
+def test_an_unknown_preset_names_the_choices(make_config):
+    from gyremedia.config import ConfigError
+
+    with pytest.raises(ConfigError, match="rewards.0.preset='unifiedreward': expected one of none, unified_reward, "
+                                          "unified_reward_flow_grpo"):
+        make_config("rewards=[{name: vlm_judge, preset: unifiedreward}]")
+
+
+def test_a_unified_reward_preset_refuses_text_before_any_model_loads(make_llm_config, monkeypatch):
+    from gyremedia.config import ConfigError
+    from gyremedia.plugins import PluginManager
+    from gyremedia.trainer import Trainer
+
+    with pytest.raises(RuntimeError, match="preset 'unified_reward' judges images, not text"):
+        VlmJudge(VlmJudgeOptions(preset="unified_reward"))(Media("text", ["4"]), ["2+2="])
+    config = make_llm_config("rewards=[{name: vlm_judge, preset: unified_reward}]")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a component was built before the preset was checked")
+
+    monkeypatch.setattr(PluginManager, "build", refuse)
+    with pytest.raises(ConfigError) as info:
+        Trainer(config, PluginManager()).setup()
+    assert str(info.value) == ("rewards.0.preset='unified_reward': judges images, but backbone 'causal_lm' makes text: "
+                               "use preset: none (its text_rubric), or set text_rubric, score_pattern and max_score")
