@@ -714,7 +714,9 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
         errors.append(f"reward {name!r} is selected twice: combine its scores in one reward, or give each selection "
                       "its own label (rewards.N.label)")
     errors += _prompt_checks(core)
-    if core.eval.metric is not None and "/" not in core.eval.metric and core.eval.metric not in names:
+    every_reward_resolved = None not in (selected.get("rewards") or [])  # else its own error says why
+    if core.eval.metric is not None and "/" not in core.eval.metric and core.eval.metric not in names \
+            and every_reward_resolved:
         example = f"{rewards[0].name}/<component>" if rewards else "<reward>/<component>"
         errors.append(f"eval.metric={core.eval.metric!r}: expected a reward's name (its score) or "
                       f"'<reward>/<component>', e.g. {example!r}")
