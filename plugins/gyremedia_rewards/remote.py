@@ -81,18 +81,23 @@ class RemoteReward:
         self.checked = False  # whether the server was seen to serve the reward and kinds the run was configured with
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
+        if not self.checked:
+            self._check_served()
         size = self.options.batch_size
         starts = range(0, len(prompts), size)
         with ThreadPoolExecutor(max_workers=min(self.options.concurrency, len(starts))) as pool:
             parts = list(pool.map(lambda begin: self._post(encode_batch(media.select(slice(begin, begin + size)),
                                                                         prompts[begin:begin + size])), starts))
-        if not self.checked:
-            self._check_served()
         return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
 
     def _check_served(self) -> None:
-        health = server_health(self.url, self.options.request_timeout)
-        if (self.options.reward, self.kinds) != (health["reward"], set(health["kinds"])):
+        """The server serves the reward and kinds the run expects (checked once; a server that does not answer is
+        left to the scoring requests, which retry and name it)."""
+        try:
+            health = server_health(self.url, self.options.request_timeout)
+        except OSError:
+            return
+        if self.options.reward != health["reward"] or not self.kinds <= set(health["kinds"]):
             raise RuntimeError(f"the server at {self.url} serves reward {health['reward']!r} of "
                                f"{'/'.join(health['kinds'])} media, but the run expects {self.options.reward!r} of "
                                f"{'/'.join(sorted(self.kinds))}: point url at its server, or fix reward and kinds")

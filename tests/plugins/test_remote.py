@@ -142,3 +142,13 @@ def test_the_served_rewards_own_errors_come_back_named(make_config, plugin_manag
         scorer = scorer_of(make_config(f"rewards=[{{name: remote, url: '{root}'}}]"), plugin_manager)
         with pytest.raises(error, match=f"reward server at {root} answered HTTP .*{message}"):
             scorer.collect(scorer.submit(media, prompts), prompts, 0)
+
+
+def test_a_server_that_serves_another_reward_is_refused_at_the_first_call(make_config, plugin_manager, in_thread):
+    root = in_thread("custom", Raising())
+    config = make_config(f"rewards=[{{name: remote, url: '{root}', reward: judge, kinds: [image]}}]")
+    scorer = scorer_of(config, plugin_manager)
+    media, prompts = Media("image", torch.rand(2, 3, 4, 4)), ["a", "b"]
+    with pytest.raises(RewardError, match=f"the server at {root} serves reward 'custom' of image media, but the run "
+                                          "expects 'judge'"):
+        scorer.collect(scorer.submit(media, prompts), prompts, 0)
