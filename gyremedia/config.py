@@ -93,9 +93,9 @@ class TrainSection:
     weight_decay: float = option(1e-4, ge=0, help="AdamW weight decay")
     adam_beta1: float = option(0.9, ge=0, lt=1, help="AdamW beta1")
     adam_beta2: float = option(0.999, ge=0, lt=1, help="AdamW beta2")
-    # PyTorch's fused AdamW kernel (one kernel over all parameters; 3.8x faster than the per-tensor loop for the
-    # quickstart's transformer on a CPU) where every parameter's device has it. Off by default: its updates differ
-    # from the loop's by float rounding, so a run is another draw of the figures recorded with the loop.
+    # PyTorch's fused AdamW kernel (one kernel over all parameters; its speed-up is in docs/benchmarks.md) where
+    # every parameter's device has it. Off by default: its updates differ from the loop's by float rounding, so a
+    # run is another draw of the figures recorded with the loop.
     fused_adamw: bool = option(False, help="use the fused AdamW kernel where the device has it")
     # The first minibatch trains on the weights that sampled it: the rollout's forwards of the transitions it will
     # replay are computed with gradients and kept, and training takes them instead of running the model again
@@ -588,8 +588,6 @@ def _pareto_checks(core: TrainConfig, rewards: list[Selected], backbone: Selecte
     errors = []
     if len(rewards) < 2:
         errors.append("pareto.enabled needs at least 2 rewards to weigh against each other")
-    if pareto.concentration <= 0 or pareto.sweep < 2:
-        errors.append("pareto.concentration must be > 0 and pareto.sweep >= 2")
     if backbone is not None:
         inputs = getattr(backbone.options, "preference_inputs", None)
         if inputs is None:

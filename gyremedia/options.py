@@ -79,14 +79,6 @@ def option(default: Any = MISSING, *, default_factory: Callable[[], Any] | Any =
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
-def field_help(schema: type, name: str) -> str:
-    """The help string of a field (empty if it has none)."""
-    for f in dataclasses.fields(schema):
-        if f.name == name:
-            return f.metadata.get("help", "")
-    return ""
-
-
 def field_hint(schema: type, name: str) -> str | None:
     """What to write instead when a field gets a value of the wrong type (``option(hint=...)``)."""
     for f in dataclasses.fields(schema):

@@ -47,12 +47,6 @@ def shard(module: torch.nn.Module, reshard_after_forward: bool = True) -> int:
     return len(units)
 
 
-def is_sharded(module: torch.nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(module, FSDPModule)
-
-
 def _full_options(**kwargs: Any):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 

@@ -19,6 +19,7 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.interfaces import LossOutput, ObjectiveContext
+from gyremedia.objectives.clipped_ratio import clipped, clipped_ratio_loss
 from gyremedia.objectives.forward_process import ForwardProcessObjective, ForwardProcessOptions
 from gyremedia.options import option
 from gyremedia.rollout import Rollout
@@ -31,11 +32,10 @@ class AWMOptions(ForwardProcessOptions):
 
 def awm_loss(log_p: torch.Tensor, log_p_old: torch.Tensor, advantages: torch.Tensor, clip_range: float) -> torch.Tensor:
     """Per-sample ``-A r`` with ``r = exp(log p - sg(log p_old))``, PPO-clipped when ``clip_range > 0``."""
-    ratio = torch.exp(log_p - log_p_old.detach())
-    loss = -advantages * ratio
+    log_ratio = log_p - log_p_old.detach()
     if clip_range > 0:
-        loss = torch.maximum(loss, -advantages * ratio.clamp(1 - clip_range, 1 + clip_range))
-    return loss
+        return clipped_ratio_loss(log_ratio, advantages, clip_range, clip_range)[0]
+    return -advantages * torch.exp(log_ratio)
 
 
 class AWMObjective(ForwardProcessObjective):
@@ -53,7 +53,7 @@ class AWMObjective(ForwardProcessObjective):
         ratio = torch.exp(log_p - log_p_old).detach()
         metrics = {"ratio": ratio.mean()}
         if o.clip_range > 0:
-            metrics["clip_fraction"] = ((ratio - 1).abs() > o.clip_range).float().mean()
+            metrics["clip_fraction"] = clipped(ratio, o.clip_range, o.clip_range).float().mean()
         return self.output(ctx, rollout, batch, v, policy_loss, metrics)
 
 

@@ -20,3 +20,10 @@ def clipped_ratio_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, eps_lo
     ratio = torch.exp(log_ratio)
     loss = -torch.minimum(ratio * advantages, ratio.clamp(1 - eps_low, 1 + eps_high) * advantages)
     return loss, ratio
+
+
+def clipped(ratio: torch.Tensor, eps_low: float, eps_high: float) -> torch.Tensor:
+    """Where ``ratio`` left the trust region ``[1 - eps_low, 1 + eps_high]`` (its gradient is zero there for the
+    side the advantage pushes): the elements the clip fraction counts."""
+    offset = ratio.detach() - 1
+    return (offset < -eps_low) | (offset > eps_high)

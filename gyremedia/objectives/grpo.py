@@ -21,7 +21,7 @@ import torch
 from gyremedia import hookimpl
 from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext, Transition
 from gyremedia.rollout import Rollout
-from gyremedia.objectives.clipped_ratio import clipped_ratio_loss
+from gyremedia.objectives.clipped_ratio import clipped, clipped_ratio_loss
 from gyremedia.options import option
 from gyremedia.sampling import replay_transition
 from gyremedia.streams import Stream, stream_rng
@@ -37,9 +37,8 @@ class GRPOOptions:
     timestep_fraction: float = option(1.0, gt=0, le=1, help="share of each trajectory's stochastic transitions "
                                                           "trained per step")
     # Which ones: Flow-GRPO trains the first floor(N f), the noisiest; its log-prob divides by the step variance,
-    # which is small late in the trajectory, so late picks give larger, noisier gradients. `first` is the
-    # default because it learned best on the quickstart (150 steps, the same settings otherwise: about +25
-    # held-out points where random picks gained about +9).
+    # which is small late in the trajectory, so late picks give larger, noisier gradients. Why `first` is the
+    # default: docs/benchmarks.md, "Defaults and why".
     transition_selection: Literal["random", "first", "stratified", "window"] = option(
         "first", help="first: the first floor(N f) (Flow-GRPO); random: round(N f) drawn each step; stratified: one "
                       "from each of round(N f) equal strata; window: round(N f) consecutive ones at a random start")
@@ -166,7 +165,7 @@ class GRPOObjective:
         metrics = {
             "policy_loss": policy_loss.detach(),
             "ratio": ratio.detach().mean(),
-            "clip_fraction": ((ratio - 1).abs() > eps).float().mean(),
+            "clip_fraction": clipped(ratio, eps, eps).float().mean(),
             "approx_kl": 0.5 * (log_ratio.detach() ** 2).mean(),
         }
         outputs = {"index": micro_step, "model_output": output, "transition": transition,

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from gyremedia import hookimpl
 from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext
-from gyremedia.objectives.clipped_ratio import clipped_ratio_loss
+from gyremedia.objectives.clipped_ratio import clipped, clipped_ratio_loss
 from gyremedia.options import OptionError, option
 from gyremedia.rollout import Rollout
 
@@ -191,8 +191,8 @@ class TokenGRPOObjective:
         def masked_mean(values: torch.Tensor) -> torch.Tensor:
             return (values.detach() * mask).sum() / tokens
 
-        clipped = ((ratio < 1 - self.eps_low) | (ratio > 1 + self.eps_high)).float()
-        metrics = {"policy_loss": policy_loss.detach(), "ratio": masked_mean(ratio), "clip_fraction": masked_mean(clipped),
+        outside = clipped(ratio, self.eps_low, self.eps_high).float()
+        metrics = {"policy_loss": policy_loss.detach(), "ratio": masked_mean(ratio), "clip_fraction": masked_mean(outside),
                    "approx_kl": masked_mean(0.5 * log_ratio ** 2), "completion_tokens": mask.sum(-1).float().mean()}
         if "is_weights" in rollout.extras:
             metrics["is_weight"] = masked_mean(rollout.extras["is_weights"])
