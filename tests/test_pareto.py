@@ -82,7 +82,7 @@ def test_the_export_keeps_stock_weights_and_the_embedder_beside_them(make_config
 @pytest.mark.parametrize("overrides,message", [
     (["pareto.enabled=true"], "needs at least 2 rewards"),
     (["pareto.enabled=true", "rewards=[jpeg_compressibility, shapes_verifier]"], "set backbone.preference_inputs=2"),
-    ([*PARETO, "pareto.sweep=1"], "pareto.sweep >= 2"),
+    ([*PARETO, "pareto.sweep=1"], "pareto.sweep=1: must be >= 2"),
 ])
 def test_bad_pareto_configs_name_the_fix(make_config, overrides, message):
     with pytest.raises(ConfigError, match=message.replace(".", "\\.")):
