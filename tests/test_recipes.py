@@ -18,6 +18,7 @@ import pytest
 import torch
 import yaml
 from cli_runs import gyremedia
+from tiny_clip import save_tiny_clip
 
 from gyremedia.plugins import PluginError
 
@@ -70,10 +71,10 @@ def user_folder(tmp_path_factory) -> Path:
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """Tiny stock folders in place of the hub ids: SD3, FLUX.1 and Wan pipelines, a CLIP model with its processor
     (PickScore's classes), and a Mask2Former config folder for the GenEval detector."""
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, Mask2FormerConfig
+    from transformers import Mask2FormerConfig
 
     from gyremedia.backbones.tiny_flux import TinyFluxOptions, build_tiny_flux_pipeline
-    from gyremedia.backbones.tiny_sd3 import TinySD3Options, build_clip_tokenizer, build_tiny_sd3_pipeline
+    from gyremedia.backbones.tiny_sd3 import TinySD3Options, build_tiny_sd3_pipeline
     from gyremedia.backbones.wan import TinyWanOptions, build_tiny_wan_pipeline
 
     root = tmp_path_factory.mktemp("tiny_models")
@@ -81,17 +82,7 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     build_tiny_sd3_pipeline(TinySD3Options(num_layers=1, text_layers=1)).save_pretrained(folders["sd3"])
     build_tiny_flux_pipeline(TinyFluxOptions()).save_pretrained(folders["flux"])
     build_tiny_wan_pipeline(TinyWanOptions(num_layers=1)).save_pretrained(folders["wan"])
-    tokenizer = build_clip_tokenizer(["a", "photo", "of", "dog"], 77)
-    config = CLIPConfig(text_config={"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64,
-                                     "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 77,
-                                     "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-                                     "pad_token_id": tokenizer.pad_token_id},
-                        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                                       "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
-                        projection_dim=24)
-    CLIPModel(config).save_pretrained(folders["clip"])
-    images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    CLIPProcessor(image_processor=images, tokenizer=tokenizer).save_pretrained(folders["clip"])
+    save_tiny_clip(folders["clip"], ["a", "photo", "of", "dog"])
     Mask2FormerConfig().save_pretrained(folders["detector"])
     return folders
 

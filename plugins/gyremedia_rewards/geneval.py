@@ -193,6 +193,18 @@ def _position_failure(objects: Sequence[Detection], targets: Sequence[Detection]
     return None
 
 
+def _position_problem(name: str, found: Sequence[Detection], targets: Sequence[Detection] | None, relation: str,
+                      margin: float) -> str | None:
+    """Why ``found`` (of class ``name``) is not ``relation`` of its target clause's objects (None when it is): the
+    target clause failed, or a pair lacks the relation (GenEval's ``evaluate``, the server's ``evaluate_reward``)."""
+    if targets is None:
+        return f"no target for {name} to be {relation}"
+    wrong = _position_failure(found, targets, relation, margin)
+    if wrong is None:
+        return None
+    return f"expected {name} {relation} target, found {' and '.join(sorted(wrong))} target"
+
+
 def _colour_summary(colours: list[str]) -> str:
     return ", ".join(f"{colours.count(c)} {c}" for c in COLORS if c in colours)
 
@@ -224,16 +236,10 @@ def check(metadata: Mapping[str, Any], objects: Mapping[str, Sequence[Detection]
                                    f"and {_colour_summary(colours)}")
             position = clause.get("position")
             if position is not None and matched:
-                relation, target = position
-                if matched_groups[target] is None:
+                problem = _position_problem(name, found, matched_groups[position[1]], position[0], position_threshold)
+                if problem is not None:
                     matched = False
-                    reasons.append(f"no target for {name} to be {relation}")
-                else:
-                    wrong = _position_failure(found, matched_groups[target], relation, position_threshold)
-                    if wrong is not None:
-                        matched = False
-                        reasons.append(f"expected {name} {relation} target, found {' and '.join(sorted(wrong))} "
-                                       "target")
+                    reasons.append(problem)
         correct = correct and matched
         matched_groups.append(found if matched else None)
     for clause in metadata.get("exclude") or []:
@@ -276,18 +282,13 @@ def check_partial(metadata: Mapping[str, Any], objects: Mapping[str, Sequence[De
                     reasons.append(f"expected {colour} {name}=={count}, found {colours.count(colour)} {colour}; "
                                    f"and {_colour_summary(colours)}")
             if position is not None and matched:
-                relation, target = position
-                if matched_groups[target] is None:
+                targets = matched_groups[position[1]]
+                problem = _position_problem(name, found, targets, position[0], position_threshold)
+                if problem is not None:
                     matched = False
-                    reasons.append(f"no target for {name} to be {relation}")
+                    reasons.append(problem)
                     terms.append(0.0)
-                else:
-                    wrong = _position_failure(found, matched_groups[target], relation, position_threshold)
-                    if wrong is not None:
-                        matched = False
-                        reasons.append(f"expected {name} {relation} target, found {' and '.join(sorted(wrong))} "
-                                       "target")
-                        terms.append(0.0)
+                if targets is not None:
                     terms.append(1.0)  # the server's quirk: added after the loop, failed or not
         correct = correct and matched
         matched_groups.append(found if matched else None)

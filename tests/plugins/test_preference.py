@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from gyremedia.rollout import Media
+from tiny_clip import save_tiny_clip
 from gyremedia_rewards.preference import (AestheticOptions, AestheticScore, PickScore, PickScoreOptions,
                                           aesthetic_head, projected)
 
@@ -19,24 +20,8 @@ PROMPTS = ["a red circle", "two blue squares", "a green triangle"]
 @pytest.fixture(scope="module")
 def tiny_clip(tmp_path_factory):
     """A CLIPModel (vision and text towers of width 32, projection 24) and its CLIPProcessor, saved as a folder."""
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
-
-    from gyremedia.backbones.tiny_sd3 import build_clip_tokenizer
-
-    tokenizer = build_clip_tokenizer(["a", "red", "circle", "two", "blue", "squares", "green", "triangle"], 77)
-    config = CLIPConfig(text_config={"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64,
-                                     "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 77,
-                                     "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-                                     "pad_token_id": tokenizer.pad_token_id},
-                        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                                       "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
-                        projection_dim=24)
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("tiny_clip")
-    CLIPModel(config).save_pretrained(folder)
-    images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    CLIPProcessor(image_processor=images, tokenizer=tokenizer).save_pretrained(folder)
-    return folder
+    return save_tiny_clip(tmp_path_factory.mktemp("tiny_clip"),
+                          ["a", "red", "circle", "two", "blue", "squares", "green", "triangle"])
 
 
 def images() -> torch.Tensor:
