@@ -228,6 +228,7 @@ def listen(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(128)  # clients that connect before the server loop starts wait in the backlog instead of refused
     return sock
 
 
