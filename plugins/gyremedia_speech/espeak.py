@@ -45,7 +45,9 @@ def sample_rate() -> int:
 
 def synthesize(text: str, *, voice: str, rate: int, pitch: int) -> np.ndarray:
     """``text`` spoken by ``voice`` (e.g. ``"en-us+f3"``) at ``rate`` words per minute and ``pitch`` (0-99):
-    float32 samples in [-1, 1] at :func:`sample_rate`. Deterministic for the same arguments."""
+    float32 samples in [-1, 1] at :func:`sample_rate`. Not bit-for-bit a function of the arguments: the library's
+    random generator is seeded from the clock and its state carries from one utterance to the next
+    (docs/benchmarks.md, "A reward in a process of its own")."""
     library, _ = _library()
     chunks: list[np.ndarray] = []
 
