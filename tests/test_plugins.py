@@ -39,7 +39,7 @@ def test_first_party_plugins_are_discovered_through_entry_points():
     assert "sampler:flow_sde" in by_name["samplers"]["registers"]
     assert "objective:grpo" in by_name["grpo"]["registers"]
     assert "backbone:flow_matching" in by_name["flow_matching"]["registers"]
-    field = {"pickscore", "hpsv2", "aesthetic", "clap", "geneval", "remote", "image_reward", "hpsv3"}
+    field = {"pickscore", "hpsv2", "aesthetic", "clap", "geneval", "remote", "image_reward", "hpsv3", "videoalign"}
     assert {f"reward:{name}" for name in field} <= set(by_name["rewards"]["registers"])  # the field's rewards
 
 

@@ -11,7 +11,8 @@ from gyremedia_rewards.clip import ClipOptions, ClipScore, ClipSteering, ClipSte
 from gyremedia_rewards.compressibility import JpegCompressibility, JpegOptions
 from gyremedia_rewards.geneval import GenEval, GenEvalOptions
 from gyremedia_rewards.ocr import OcrOptions, OcrReward
-from gyremedia_rewards.pinned import HPSv3, HPSv3Options, ImageReward, ImageRewardOptions
+from gyremedia_rewards.pinned import (HPSv3, HPSv3Options, ImageReward, ImageRewardOptions, VideoAlign,
+                                      VideoAlignOptions)
 from gyremedia_rewards.preference import (AestheticOptions, AestheticScore, HPSv2, HPSv2Options, PickScore,
                                           PickScoreOptions)
 from gyremedia_rewards.remote import RemoteOptions, RemoteReward
@@ -36,6 +37,9 @@ def gyremedia_register_rewards(register):
     register("hpsv3", HPSv3, options=HPSv3Options,
              description="HPSv3 (Ma et al. 2025): its predicted mean preference, by its own package; serve it from its "
                          "own environment")
+    register("videoalign", VideoAlign, options=VideoAlignOptions,
+             description="VideoReward (VideoAlign): visual, motion and text-alignment quality of each clip, summed, by "
+                         "its repository's own code; serve it from its own environment")
     register("aesthetic", AestheticScore, options=AestheticOptions,
              description="the LAION aesthetic predictor v2: an MLP on the CLIP ViT-L/14 image embedding (about 1-10)")
     register("clap", ClapScore, options=ClapOptions,

@@ -1,7 +1,9 @@
-"""ImageReward and HPSv3 run their packages' own scoring code, which cannot install beside the trainer's stack:
-these tests stand a module with each package's published API in for it (``ImageReward.load(...).score(prompt,
-image)``; ``hpsv3.HPSv3RewardInferencer(...).reward(images, prompts)`` -> ``[B, 2]`` mean and spread) and check
-what gyremedia hands it and takes back; without the package, building the reward says where it runs."""
+"""ImageReward, HPSv3 and VideoAlign run their own scoring code, which cannot install beside the trainer's stack:
+these tests stand a module with each one's published API in for it (``ImageReward.load(...).score(prompt,
+image)``; ``hpsv3.HPSv3RewardInferencer(...).reward(images, prompts)`` -> ``[B, 2]`` mean and spread;
+VideoAlign's ``inference.VideoVLMRewardInference(...).reward(video_paths, prompts, use_norm=)`` -> dicts of VQ, MQ,
+TA and Overall, reading MP4 files) and check what gyremedia hands it and takes back; without the code, building
+the reward says where it runs."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import pytest
 import torch
 
 from gyremedia.rollout import Media
-from gyremedia_rewards.pinned import HPSv3, HPSv3Options, ImageReward, ImageRewardOptions
+from gyremedia_rewards.pinned import (HPSv3, HPSv3Options, ImageReward, ImageRewardOptions, VideoAlign,
+                                      VideoAlignOptions)
 
 PROMPTS = ["a red circle", "two blue squares"]
 
@@ -75,5 +78,35 @@ def test_hpsv3_takes_the_predicted_mean_as_the_score(reference_packages):
 def test_without_its_package_it_says_to_serve_it(monkeypatch, reward, options, package):
     monkeypatch.setitem(sys.modules, "ImageReward", None)
     monkeypatch.setitem(sys.modules, "hpsv3", None)
-    with pytest.raises(ImportError, match=f"needs the {package} package.*gyremedia serve-reward"):
+    with pytest.raises(ImportError, match=f"needs the {package} package.*pip install {package}.*gyremedia serve-reward"):
         reward(options())
+
+
+def test_videoalign_writes_each_clip_at_its_fps_and_sums_the_three_qualities(monkeypatch, tmp_path):
+    written, seen = {}, {}
+
+    def mimwrite(path, frames, fps):
+        written[path] = (np.stack(frames), fps)
+
+    class Inferencer:
+        def __init__(self, load_from_pretrained, load_from_pretrained_step=-1, device="cuda", dtype=torch.bfloat16):
+            seen["init"] = (load_from_pretrained, device, dtype)
+
+        def reward(self, video_paths, prompts, fps=None, num_frames=None, max_pixels=None, use_norm=True):
+            seen["use_norm"] = use_norm
+            return [{"VQ": float(written[p][0].mean()), "MQ": 1.0, "TA": float(len(t)),
+                     "Overall": float(written[p][0].mean()) + 1.0 + len(t)} for p, t in zip(video_paths, prompts)]
+
+    monkeypatch.setitem(sys.modules, "imageio", types.SimpleNamespace(mimwrite=mimwrite))
+    monkeypatch.setitem(sys.modules, "inference", types.SimpleNamespace(VideoVLMRewardInference=Inferencer))
+    (tmp_path / "inference.py").write_text("")
+    reward = VideoAlign(VideoAlignOptions(repository=str(tmp_path), checkpoint=str(tmp_path)))
+    assert seen["init"] == (str(tmp_path), "cpu", torch.bfloat16)
+    clips = torch.rand(2, 3, 3, 4, 5, generator=torch.Generator().manual_seed(0))  # [B, T, 3, H, W]
+    out = reward(Media("video", clips, {"fps": 8}), PROMPTS)
+    frames = [(clip * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy() for clip in clips]
+    assert [f.shape for f, _ in written.values()] == [(3, 4, 5, 3)] * 2 and {fps for _, fps in written.values()} == {8}
+    assert all(np.array_equal(f, expected) for (f, _), expected in zip(written.values(), frames))
+    means = torch.tensor([float(f.mean()) for f in frames])
+    assert torch.allclose(out["VQ"], means) and torch.allclose(out["score"], means + 1 + torch.tensor([12.0, 16.0]))
+    assert seen["use_norm"] is True
