@@ -206,7 +206,7 @@ def world_config(tmp_path, *overrides):
 
 def test_a_reward_for_another_media_kind_fails_at_config_time(tmp_path):
     with pytest.raises(ConfigError, match="reward 'shapes_verifier' scores image, but backbone 'video_world' makes "
-                                          "video: choose one of inverse_dynamics, jpeg_compressibility, world_fidelity"):
+                                          "video: choose one of inverse_dynamics, jpeg_compressibility, videoalign, world_fidelity"):
         world_config(tmp_path, "rewards.0.name=shapes_verifier")
     with pytest.raises(ConfigError, match="monitor.gold.0: reward 'clip_score' scores image"):
         world_config(tmp_path, "monitor.gold=[clip_score]")
