@@ -16,6 +16,12 @@ from PIL import Image, ImageDraw, ImageFont
 logger = logging.getLogger("gyremedia")
 
 
+def eight_bit(pixels: torch.Tensor) -> torch.Tensor:
+    """Pixels in [0, 1] (any layout) as uint8 on the CPU, rounded from float32: what people see and what 8-bit
+    reward models read."""
+    return (pixels.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """The records of a JSON-lines file; a line that does not parse (half-written at a power loss or a full
     disk) is skipped with a warning."""
@@ -39,7 +45,7 @@ def image_grid(images: torch.Tensor, captions: list[str], *, columns: int = 8, c
     width, height = columns * cell, rows * (cell + caption_lines * line_height + 4)
     canvas = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(canvas)
-    pixels = (images.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    pixels = eight_bit(images).permute(0, 2, 3, 1).numpy()
     for i, (image, caption) in enumerate(zip(pixels, captions)):
         x, y = (i % columns) * cell, (i // columns) * (cell + caption_lines * line_height + 4)
         canvas.paste(Image.fromarray(np.ascontiguousarray(image)).resize((cell - 4, cell - 4), Image.NEAREST), (x + 2, y + 2))

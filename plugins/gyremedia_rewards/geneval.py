@@ -46,6 +46,7 @@ import torch
 
 from gyremedia.data import prompt_fields
 from gyremedia.interfaces import BuildContext
+from gyremedia.media_io import eight_bit
 from gyremedia.options import option, pretrained_source
 from gyremedia.rollout import Media
 from gyremedia_rewards.preference import reward_device
@@ -620,7 +621,7 @@ class GenEval:
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
         metadata = [geneval_metadata(p) for p in prompts]  # every prompt checked before any model runs
-        images = (media.data.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8)
+        images = eight_bit(media.data)
         verdicts = self.verdicts(images.permute(0, 2, 3, 1).numpy(), metadata)
         out = {"partial": torch.tensor([v.partial for v in verdicts], dtype=torch.float32),
                "correct": torch.tensor([float(v.correct) for v in verdicts]),

@@ -34,6 +34,7 @@ from typing import Literal
 import torch
 
 from gyremedia.interfaces import BuildContext
+from gyremedia.media_io import eight_bit
 from gyremedia.options import OptionError, option
 from gyremedia.rollout import Media
 from gyremedia_rewards.preference import _pil, reward_device
@@ -140,7 +141,7 @@ class VideoAlign:
 
     @torch.no_grad()
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
-        frames = (media.data.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8)  # [B, T, 3, H, W]
+        frames = eight_bit(media.data)  # [B, T, 3, H, W]
         with tempfile.TemporaryDirectory() as folder:
             paths = []
             for i, clip in enumerate(frames):

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from gyremedia.interfaces import BuildContext
+from gyremedia.media_io import eight_bit
 from gyremedia.options import OptionError, option, pretrained_source
 from gyremedia.rollout import Media
 
@@ -78,7 +79,7 @@ def _pil(images: torch.Tensor) -> list:
     """``[B, 3, H, W]`` images in [0, 1] as 8-bit RGB PIL images (what the references feed their processors)."""
     from PIL import Image
 
-    pixels = (images.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    pixels = eight_bit(images).permute(0, 2, 3, 1).numpy()
     return [Image.fromarray(p) for p in pixels]
 
 
