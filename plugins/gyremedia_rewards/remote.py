@@ -13,7 +13,6 @@ call reconnects, so a restarted server is picked up at the next one.
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ from gyremedia.options import OptionError, option
 from gyremedia.reward_server import CONTENT_TYPE, decode_scores, encode_batch
 from gyremedia.rollout import MEDIA_KINDS, Media
 from gyremedia.scoring import MalformedRewardOutput
+from gyremedia_rewards.retry import Retry, with_backoff
 
 RETRIED_STATUS = {429, 502, 503, 504}  # the server is busy, restarting or behind a proxy that lost it: try again
 
@@ -106,22 +106,23 @@ class RemoteReward:
     def _post(self, body: bytes) -> dict[str, torch.Tensor]:
         """One request's scores, retried with backoff; raises naming the url once the retries run out."""
         request = urllib.request.Request(self.url + "/score", body, {"Content-Type": CONTENT_TYPE}, method="POST")
-        delay, problem = self.options.backoff, ""
-        for attempt in range(self.options.retries + 1):
-            if attempt:
-                time.sleep(delay)
-                delay *= 2
+
+        def attempt() -> dict[str, torch.Tensor]:
             try:
                 with urllib.request.urlopen(request, timeout=self.options.request_timeout) as response:
                     return decode_scores(response.read())
             except urllib.error.HTTPError as exc:
                 if exc.code not in RETRIED_STATUS:
                     raise _server_error(self.url, exc) from exc
-                problem = f"HTTP {exc.code}"
+                raise Retry(f"HTTP {exc.code}") from exc
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-                problem = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
-        raise ConnectionError(f"no answer from the reward server at {self.url} after {self.options.retries + 1} "
-                              f"attempts ({problem})")
+                raise Retry(f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}") from exc
+
+        try:
+            return with_backoff(attempt, self.options.retries, self.options.backoff)
+        except Retry as exc:
+            raise ConnectionError(f"no answer from the reward server at {self.url} after {self.options.retries + 1} "
+                                  f"attempts ({exc})") from exc
 
 
 def _server_error(url: str, error: urllib.error.HTTPError) -> Exception:

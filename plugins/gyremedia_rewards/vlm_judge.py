@@ -39,7 +39,6 @@ import logging
 import math
 import os
 import re
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -54,6 +53,7 @@ from PIL import Image
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, option, regular_expression
 from gyremedia.rollout import Media
+from gyremedia_rewards.retry import Retry, with_backoff
 
 logger = logging.getLogger("gyremedia")
 
@@ -285,23 +285,24 @@ class VlmJudge:
     def judge(self, prompt: str, sample: torch.Tensor | str) -> float:
         """One sample's score, retried with backoff; NaN when every attempt failed."""
         content = self.message(prompt, sample)
-        delay, problem = self.options.backoff, ""
-        for attempt in range(self.options.max_retries + 1):
-            if attempt:
-                time.sleep(delay)
-                delay *= 2
+
+        def attempt() -> float:
             try:
                 return self.parse(self._request(content))
             except urllib.error.HTTPError as exc:
                 if exc.code != 429 and exc.code < 500:  # the request itself is wrong: retrying cannot help
                     raise RuntimeError(f"judge at {self.url} refused the request: HTTP {exc.code} "
                                        f"{exc.read()[:200]!r}") from exc
-                problem = f"HTTP {exc.code}"
+                raise Retry(f"HTTP {exc.code}") from exc
             except (urllib.error.URLError, TimeoutError, ConnectionError, JudgeReplyError, json.JSONDecodeError) as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-        logger.warning("vlm_judge gave up on prompt %r after %d attempts: %s", prompt,
-                       self.options.max_retries + 1, problem)
-        return math.nan
+                raise Retry(f"{type(exc).__name__}: {exc}") from exc
+
+        try:
+            return with_backoff(attempt, self.options.max_retries, self.options.backoff)
+        except Retry as exc:
+            logger.warning("vlm_judge gave up on prompt %r after %d attempts: %s", prompt,
+                           self.options.max_retries + 1, exc)
+            return math.nan
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
         with ThreadPoolExecutor(max_workers=self.options.max_concurrency) as pool:
