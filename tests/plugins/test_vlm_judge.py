@@ -169,6 +169,16 @@ def test_the_key_is_not_forwarded_when_the_judge_redirects_to_another_host(monke
                     ("127.0.0.1", "/v1/chat/completions", "Bearer secret")]
 
 
+def refuse_builds(monkeypatch, when: str) -> None:
+    """Any component built from here on fails the test (``when`` says what should have stopped the run first)."""
+    from gyremedia.plugins import PluginManager
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a component was built {when}")
+
+    monkeypatch.setattr(PluginManager, "build", refuse)
+
+
 def test_a_run_with_a_remote_judge_and_no_key_stops_before_any_model_loads(make_config, monkeypatch):
     """Checked when training starts (gyremedia_configure), not with the options: `gyremedia export` and `config` of
     such a run need no key."""
@@ -179,10 +189,7 @@ def test_a_run_with_a_remote_judge_and_no_key_stops_before_any_model_loads(make_
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     config = make_config("rewards=[{name: vlm_judge, base_url: 'https://judge.example.com/v1'}]")
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("a component was built before the key was checked")
-
-    monkeypatch.setattr(PluginManager, "build", refuse)
+    refuse_builds(monkeypatch, "before the key was checked")
     with pytest.raises(ConfigError) as info:
         Trainer(config, PluginManager()).setup()
     assert str(info.value) == (
@@ -317,10 +324,7 @@ def test_a_unified_reward_preset_refuses_text_before_any_model_loads(make_llm_co
         VlmJudge(VlmJudgeOptions(preset="unified_reward"))(Media("text", ["4"]), ["2+2="])
     config = make_llm_config("rewards=[{name: vlm_judge, preset: unified_reward}]")
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("a component was built before the preset was checked")
-
-    monkeypatch.setattr(PluginManager, "build", refuse)
+    refuse_builds(monkeypatch, "before the preset was checked")
     with pytest.raises(ConfigError) as info:
         Trainer(config, PluginManager()).setup()
     assert str(info.value) == ("rewards.0.preset='unified_reward': judges images, but backbone 'causal_lm' makes text: "
