@@ -26,8 +26,17 @@ CONFIGS = ROOT / "configs"
 SHORT = {"eval.every": "0"}
 
 
+#: Features no bundled config turns on, each run on a quickstart: name -> (config, overrides).
+VARIANTS = {
+    "quickstart+candidates": ("quickstart_grpo", ["rollout.candidates=16", "rollout.candidate_steps=2"]),
+    "quickstart_grpo+reuse": ("quickstart_grpo", ["train.reuse_rollout_forward=true", "train.num_minibatches=2"]),
+    "quickstart+history": ("quickstart", ["advantage.history=4", "advantage.min_count=2"]),
+    "quickstart+drift": ("quickstart_grpo", ["monitor.drift=true", "eval.every=1"]),
+}
+
+
 def offline_configs() -> list[str]:
-    return sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+    return sorted(p.stem for p in CONFIGS.glob("*.yaml")) + list(VARIANTS)
 
 
 def metrics_hash(run_dir: Path) -> str:
@@ -53,10 +62,11 @@ def weights_hash(run_dir: Path) -> str:
 
 def run(config: str, steps: int, folder: Path) -> dict[str, str]:
     run_dir = folder / config
+    source, extra = VARIANTS.get(config, (config, []))
     overrides = [f"train.steps={steps}", f"run.output_dir={run_dir}", "export.on_train_end=false",
-                 "logging.progress=false", *(f"{k}={v}" for k, v in SHORT.items())]
+                 "logging.progress=false", *(f"{k}={v}" for k, v in SHORT.items()), *extra]
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "gyremedia.cli", "train", config, *overrides], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "gyremedia.cli", "train", source, *overrides], capture_output=True,
                           text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False)
     seconds = f"{time.perf_counter() - started:.0f}"
     if done.returncode != 0:

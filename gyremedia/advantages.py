@@ -8,7 +8,7 @@ group's mean and standard deviation.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -65,44 +65,6 @@ def combined_advantages(rewards: torch.Tensor, weights: torch.Tensor, group_ids:
     raise ValueError(f"advantage combine {combine!r}: expected sum or normalize_each")
 
 
-class PromptStatTracker:
-    """DDPO's per-prompt statistics: every prompt's last ``history`` total rewards, over all steps.
-
-    A sample's advantage is ``(r - mean) / (std + eps)`` over its prompt's buffer (this step's rewards
-    added first), or over the whole batch while the buffer holds fewer than ``min_count`` rewards; with
-    ``std="none"`` it is only centred. Dropped samples (NaN) get 0 and join no buffer. Every process
-    sees the same gathered batch in the same order, so their buffers stay identical.
-    """
-
-    def __init__(self, history: int, min_count: int, std: str = "group", eps: float = 1e-4) -> None:
-        if std not in ("group", "none"):
-            raise ValueError(f"advantage std {std!r} with a reward history: expected group or none")
-        self.history, self.min_count, self.std, self.eps = history, min_count, std, eps
-        self.buffers: dict[str, list[float]] = {}
-
-    def __call__(self, totals: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        totals = totals.double()
-        valid = torch.isfinite(totals)
-        advantages = torch.zeros_like(totals)
-        batch = totals[valid]
-        for prompt in dict.fromkeys(prompts):
-            rows = torch.tensor([p == prompt for p in prompts], device=totals.device) & valid
-            buffer = (self.buffers.get(prompt, []) + totals[rows].tolist())[-self.history:]
-            self.buffers[prompt] = buffer
-            reference = torch.tensor(buffer, dtype=totals.dtype) if len(buffer) >= self.min_count else batch.cpu()
-            centred = totals[rows] - reference.mean().item()
-            scale = reference.std(unbiased=False).item() + self.eps if self.std == "group" else 1.0
-            advantages[rows] = centred / scale
-        return advantages.float()
-
-    def state_dict(self) -> dict[str, Any]:
-        # str(): a prompt record's text (a checkpoint holds plain values; its fields are the data's, not state)
-        return {"buffers": {str(prompt): list(buffer) for prompt, buffer in self.buffers.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.buffers = {prompt: list(buffer) for prompt, buffer in state.get("buffers", {}).items()}
-
-
 def distributed_group_advantages(accelerator, rewards: torch.Tensor, weights: torch.Tensor, group_ids: torch.Tensor,
                                  sample_ids: torch.Tensor, combine: str = "sum", std: str = "group", eps: float = 1e-4,
                                  normalize: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
@@ -111,7 +73,7 @@ def distributed_group_advantages(accelerator, rewards: torch.Tensor, weights: to
 
     ``rewards`` is ``[B, R]`` (one column per reward), ``weights`` ``[R]`` or per sample ``[B, R]``.
     ``normalize(totals, group_ids)``, given, turns the gathered weighted totals into advantages instead of
-    ``combined_advantages`` (the per-prompt history of :class:`PromptStatTracker`). Also returns the gathered
+    ``combined_advantages`` (a per-prompt history: ``gyremedia_group_statistics``). Also returns the gathered
     weighted total reward (NaN where dropped) and group ids, every rank's, ordered by sample id, so callers
     can report batch statistics without gathering again.
     """

@@ -27,7 +27,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -73,7 +73,10 @@ def checkpoint_name(step: int) -> str:
 
 def checkpoint_step(path: Path) -> int:
     """The step a checkpoint folder ``step-N`` holds (its number, not its name: step 1,000,000 sorts last)."""
-    return int(_STEP.fullmatch(Path(path).name).group(1))
+    match = _STEP.fullmatch(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path} is not a checkpoint folder (step-N)")
+    return int(match.group(1))
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -141,7 +144,7 @@ def verify(path: Path) -> None:
 
 def rng_state() -> dict[str, Any]:
     """This process's random states as tensors and plain values (``weights_only`` reads them back)."""
-    name, keys, pos, has_gauss, gaussian = np.random.get_state()
+    name, keys, pos, has_gauss, gaussian = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     numpy = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
              "has_gauss": int(has_gauss), "cached_gaussian": float(gaussian)}
     state = {"python": random.getstate(), "numpy": numpy, "torch": torch.get_rng_state()}
@@ -228,6 +231,36 @@ def _worst_on_any_rank(accelerator, code: int) -> int:
     return int(codes.max().item())
 
 
+def _write_state(tmp: Path, plugins: dict[str, Any], component_state: dict[str, Any], *,
+                 weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any], scheduler: Any,
+                 config_yaml: str) -> None:
+    """The main rank's files of a checkpoint, once every state is checked to be plain values."""
+    for name, value in plugins.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"plugin {name!r} returned a state from gyremedia_on_save_checkpoint "
+                                  f"that is not JSON ({exc}): return numbers, strings, lists and dicts") from exc
+    for name, value in component_state.items():
+        check_plain(value, f"the state of {name}")
+    _write(tmp / WEIGHTS, save({k: v.detach().contiguous().cpu() for k, v in weights.items()}))
+    _write(tmp / OPTIMIZER, _torch_bytes(optimizer_state))
+    _write(tmp / SCHEDULER, _torch_bytes(scheduler.state_dict()))
+    _write(tmp / CONFIG, config_yaml.encode())
+    if component_state:
+        _write(tmp / COMPONENTS, _torch_bytes(component_state))
+
+
+def _publish(tmp: Path, final: Path, trainer_state: dict[str, Any]) -> None:
+    """The trainer state and the manifest of sizes, then the folder renamed to its final name in one step."""
+    _write(tmp / TRAINER_STATE, json.dumps(trainer_state, indent=2).encode())
+    sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.name != MANIFEST}
+    _write(tmp / MANIFEST, json.dumps(sizes, indent=1).encode())
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
 def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str, torch.Tensor],
                     optimizer_state: dict[str, Any], scheduler, plugin_state: Callable[[Path], dict[str, Any]],
                     keep_last: int, config_yaml: str, component_state: dict[str, Any] | None = None,
@@ -261,33 +294,15 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str,
             _write(tmp / f"rng_rank{accelerator.process_index}.pt", _torch_bytes(rng_state()))
             plugins = plugin_state(tmp)
             if accelerator.is_main_process:
-                for name, value in plugins.items():
-                    try:
-                        json.dumps(value)
-                    except (TypeError, ValueError) as exc:
-                        raise CheckpointError(f"plugin {name!r} returned a state from gyremedia_on_save_checkpoint "
-                                              f"that is not JSON ({exc}): return numbers, strings, lists and dicts"
-                                              ) from exc
-                for name, value in (component_state or {}).items():
-                    check_plain(value, f"the state of {name}")
-                _write(tmp / WEIGHTS, save({k: v.detach().contiguous().cpu() for k, v in weights.items()}))
-                _write(tmp / OPTIMIZER, _torch_bytes(optimizer_state))
-                _write(tmp / SCHEDULER, _torch_bytes(scheduler.state_dict()))
-                _write(tmp / CONFIG, config_yaml.encode())
-                if component_state:
-                    _write(tmp / COMPONENTS, _torch_bytes(component_state))
+                _write_state(tmp, plugins, component_state or {}, weights=weights, optimizer_state=optimizer_state,
+                             scheduler=scheduler, config_yaml=config_yaml)
     except Exception as exc:  # noqa: BLE001 - whatever fails, every rank must hear of it (a lone raise hangs the others)
         error = exc
     _stop_unless_written(accelerator, error, tmp, step)
     if accelerator.is_main_process:
         try:
             state = {"step": step, "num_processes": accelerator.num_processes, "sharded": sharded, "plugins": plugins}
-            _write(tmp / TRAINER_STATE, json.dumps(state, indent=2).encode())
-            sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.name != MANIFEST}
-            _write(tmp / MANIFEST, json.dumps(sizes, indent=1).encode())
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            _publish(tmp, final, state)
         except Exception as exc:  # noqa: BLE001 - as above
             error = exc
         try:  # the checkpoint is written: failing to tidy the old ones is worth a warning, not a stop
@@ -410,7 +425,7 @@ def read_latest_checkpoint(accelerator, run_dir: Path) -> LoadedCheckpoint | Non
     that is not plain values raises :class:`UnsafeCheckpoint` on every rank."""
     damaged: list[str] = []
     for path in reversed(list_checkpoints(run_dir)):
-        loaded, error, code = None, None, 0
+        loaded, error, code = None, cast(Exception | None, None), 0
         try:
             loaded = read_checkpoint(accelerator, path)
         except CorruptCheckpoint as exc:

@@ -10,6 +10,7 @@ import sys
 import traceback
 from importlib import resources
 from pathlib import Path
+from typing import Any, cast
 
 from gyremedia.config import ConfigError, ResolvedConfig, load_config, resolve_config
 from gyremedia.plugins import PluginError, PluginManager
@@ -82,17 +83,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     runs.quiet_libraries()
     backbone = runs.build_backbone(config, pm)
     sampler, rewards = runs.build_scoring(config, pm)
-    key = evaluation.accuracy_key(config)
+    key, preference = evaluation.accuracy_key(config), pm.hook.gyremedia_eval_preference(config=config)
     results = {}
     for label in ("base", "trained"):
         if label == "trained":
             checkpoint = runs.load_trained_weights(backbone, Path(args.run_dir))
-        result = evaluation.evaluate(config, backbone, sampler, rewards)
+        result = evaluation.evaluate(config, backbone, sampler, rewards, preference=preference)
         if key not in result.scores:
             raise ConfigError(f"eval.metric={key!r} is not among the scores: {', '.join(sorted(result.scores))}")
         results[label] = result
     prefix = key.split("/")[0] + "/"
-    report = {
+    report: dict[str, Any] = {
         label: {"accuracy": evaluation.nanmean(r.scores[key]),
                 **{k[len(prefix):]: evaluation.nanmean(v) for k, v in r.scores.items() if k.startswith(prefix) and k != key},
                 "diversity": evaluation.in_group_diversity(r.media, r.prompts)}
@@ -108,8 +109,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     report["metric"] = key
     report["samples"] = len(results["base"].prompts)
     report["checkpoint"] = str(checkpoint)
-    if config.core.pareto.enabled:  # the trained model at each swept preference
-        report["pareto_front"] = evaluation.pareto_front(config, backbone, sampler, rewards)
+    # what plugins add (a Pareto run's front): into the report, and lines to print after the table
+    extra = [line for lines in pm.hook.gyremedia_eval_report(config=config, backbone=backbone, sampler=sampler,
+                                                              rewards=rewards, report=report) for line in lines or []]
     if args.json:
         print(json.dumps(report))
         return 0
@@ -127,8 +129,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for name, d in report["differences"].items():
         base, trained = evaluation.nanmean(results["base"].scores[name]), evaluation.nanmean(results["trained"].scores[name])
         print(f"{name:<{width}}{base:>10.4g}{trained:>10.4g}{d['mean']:>+10.4g}  ({d['ci95_low']:+.4g} to {d['ci95_high']:+.4g})")
-    for point in report.get("pareto_front", []):
-        print(f"preference {point['weights']}: " + ", ".join(f"{s.name} {point[s.name]:.4f}" for s in config.rewards))
+    for line in extra:
+        print(line)
     return 0
 
 
@@ -186,7 +188,7 @@ def cmd_serve_reward(args: argparse.Namespace) -> int:
 
     pm = PluginManager()
     try:
-        options = OmegaConf.to_container(OmegaConf.from_dotlist(args.options))
+        options = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.from_dotlist(args.options)))
     except Exception as exc:  # noqa: BLE001 - omegaconf's parse errors name the bad item
         raise ConfigError(f"reward options: {exc} (give key=value, e.g. batch_size=8)") from exc
     selected = select_component(pm, "reward", {"name": args.name, **options}, "reward")
@@ -290,7 +292,7 @@ def _one_line_errors(args: argparse.Namespace, actionable: tuple[type[Exception]
         # newline (unbuffered, PYTHONUNBUFFERED=1) let another process's line land in the middle of this one
         sys.stderr.write(f"gyremedia: error: {exc}\n")
         sys.stderr.flush()
-        return exc.exit_code
+        return getattr(exc, "exit_code", 1)
 
 
 def exit_cleanly(code: int) -> None:

@@ -10,15 +10,16 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gyremedia.options import field_hint, nested_schema, option, prompts_file, validate
-from gyremedia.plugins import PluginError, PluginManager
+from gyremedia.registry import ALLOW_LIST_ENV, PluginError, PluginHost
 
 
 def asset_path(relative: str) -> str:
@@ -82,8 +83,8 @@ class RolloutSection:
     # eval sampler) are scored by the run's rewards; the group_size / 2 best and worst of their initial
     # noises are then sampled at full quality with the run's sampler, and only those are trained on.
     candidates: int = option(0, ge=0, help="candidate initial noises drawn per prompt and scored cheaply "
-                                           "(a multiple of group_size); 0 = one-stage rollouts")
-    candidate_steps: int = option(3, ge=1, help="denoising steps of each candidate (the eval sampler's)")
+                                           "(a multiple of group_size); 0 = one-stage rollouts", owner="candidates")
+    candidate_steps: int = option(3, ge=1, help="denoising steps of each candidate (the eval sampler's)", owner="candidates")
 
 
 @dataclass
@@ -104,7 +105,7 @@ class TrainSection:
     # default, so a run stays the same draw as the figures recorded without it. Under DDP that minibatch averages
     # its gradients itself; a sharded (FSDP2) model replays.
     reuse_rollout_forward: bool = option(False, help="train the first minibatch on the rollout's own forwards "
-                                                     "(grpo; not sharded)")
+                                                     "(grpo; not sharded)", owner="forward_reuse")
     # torch.compile of the policy's network and its frozen reference copy, in place (nn.Module.compile: the same
     # parameter names, so checkpoints and exports do not change). The first rollout, update and evaluation compile
     # (about a minute on a CPU), later steps run the compiled kernels. They round differently from eager ones, so
@@ -139,28 +140,28 @@ class AdvantageSection:
     # DDPO's per-prompt stat tracker: a prompt's statistics come from its last `history` rewards over
     # all steps (this step's group included), the whole batch's until it has `min_count` of them.
     history: int = option(0, ge=0, help="rewards kept per prompt across steps for its mean and std (DDPO's "
-                                        "buffer_size 16); 0 = this step's group only")
+                                        "buffer_size 16); 0 = this step's group only", owner="prompt_history")
     min_count: int = option(16, ge=1, help="with history: fewer rewards of a prompt use the batch's statistics "
-                                           "(DDPO's min_count)")
+                                           "(DDPO's min_count)", owner="prompt_history")
 
 
 @dataclass
 class ParetoSection:
     """ParetoSlider: one model conditioned on reward-preference weights instead of a fixed weighted sum."""
 
-    enabled: bool = option(False, help="needs >= 2 rewards and a backbone with preference_inputs = their number")
-    concentration: float = option(1.0, gt=0, help="Dirichlet alpha of the weights drawn per prompt group (1: uniform)")
-    sweep: int = option(5, ge=2, help="weight settings evaluated after training (the front)")
+    enabled: bool = option(False, help="needs >= 2 rewards and a backbone with preference_inputs = their number", owner="pareto")
+    concentration: float = option(1.0, gt=0, help="Dirichlet alpha of the weights drawn per prompt group (1: uniform)", owner="pareto")
+    sweep: int = option(5, ge=2, help="weight settings evaluated after training (the front)", owner="pareto")
 
 
 @dataclass
 class MonitorSection:
-    """Reward-hacking monitor (gyremedia/monitor.py); ``monitor.gold`` lists held-out rewards like ``rewards``."""
+    """Reward-hacking monitor (plugins/gyremedia_features/monitor.py); ``monitor.gold`` lists held-out rewards like ``rewards``."""
 
-    tolerance: float = option(0.005, ge=0, help="changes of eval means smaller than this count as flat")
-    min_diversity: float = option(0.5, ge=0, le=1, help="warn below this share of the first eval's in-group diversity")
-    drift: bool = option(False, help="measure the velocity drift from the reference at each eval")
-    drift_levels: int = option(3, ge=1, help="noise levels the drift is measured at")
+    tolerance: float = option(0.005, ge=0, help="changes of eval means smaller than this count as flat", owner="monitor")
+    min_diversity: float = option(0.5, ge=0, le=1, help="warn below this share of the first eval's in-group diversity", owner="monitor")
+    drift: bool = option(False, help="measure the velocity drift from the reference at each eval", owner="monitor")
+    drift_levels: int = option(3, ge=1, help="noise levels the drift is measured at", owner="monitor")
 
 
 @dataclass
@@ -230,7 +231,7 @@ COMPONENT_SECTIONS = {
 }
 #: Component sections a config may leave out (``eval.sampler`` defaults to the run's sampler).
 #: (``weighting`` defaults to the objective's ``default_weighting``, if it uses one).
-OPTIONAL_SECTIONS = {"sampler": None, "regularizers": [], "logging.loggers": [], "eval.sampler": None, "weighting": None,
+OPTIONAL_SECTIONS: dict[str, Any] = {"sampler": None, "regularizers": [], "logging.loggers": [], "eval.sampler": None, "weighting": None,
                      "monitor.gold": []}
 
 
@@ -310,7 +311,7 @@ class ResolvedConfig:
 
     def to_yaml(self) -> str:
         """The fully resolved config (every default filled in), as written into the run folder."""
-        data: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(self.core), resolve=True)
+        data = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(self.core), resolve=True))
         for attr in ("backbone", "sampler", "objective"):
             if getattr(self, attr) is not None:
                 data[attr] = getattr(self, attr).as_dict()
@@ -357,7 +358,7 @@ def _unknown_key_errors(user: Any, schema: type, prefix: str, allowed: frozenset
 
 def _without(cfg: DictConfig, paths: tuple[str, ...]) -> DictConfig:
     """A copy of ``cfg`` without the given dotted paths."""
-    copy = OmegaConf.create(OmegaConf.to_container(cfg))
+    copy = cast(DictConfig, OmegaConf.create(OmegaConf.to_container(cfg)))
     for path in paths:
         parent, _, key = path.rpartition(".")
         node = OmegaConf.select(copy, parent) if parent else copy
@@ -462,19 +463,19 @@ def _component_name(cfg: DictConfig, key: str) -> str | None:
     return str(name) if name is not None else None
 
 
-def _select(pm: PluginManager, kind: str, section: Any, path: str) -> tuple[Selected | None, list[str]]:
+def _select(pm: PluginHost, kind: str, section: Any, path: str) -> tuple[Selected | None, list[str]]:
     if isinstance(section, str):
         section = {"name": section}
     if not isinstance(section, (dict, DictConfig)) or "name" not in section:
         return None, [f"'{path}' needs a 'name' naming a registered {kind} (see `gyremedia plugins`)"]
-    body = OmegaConf.to_container(section) if isinstance(section, DictConfig) else dict(section)
+    body = cast(dict[str, Any], OmegaConf.to_container(section)) if isinstance(section, DictConfig) else dict(section)
     name = str(body.pop("name"))
     replaced = body.pop(REPLACED_NAME, None)
     try:
         component = pm.component(kind, name)
     except PluginError as exc:
         return None, [f"'{path}.name': {exc}"]
-    settings, errors, common_keys = None, [], []
+    settings, errors, common_keys = None, cast(list[str], []), cast(list[str], [])
     if kind in COMPONENT_SETTINGS:
         common_keys = [f.name for f in dataclasses.fields(COMPONENT_SETTINGS[kind])]
         settings, errors = _merge(COMPONENT_SETTINGS[kind], {k: body.pop(k) for k in common_keys if k in body}, f"{path}.")
@@ -504,11 +505,11 @@ def _select(pm: PluginManager, kind: str, section: Any, path: str) -> tuple[Sele
     return Selected(kind, label or name, options, settings, meta, registered=name if label else None), []
 
 
-def select_component(pm: PluginManager, kind: str, section: dict[str, Any], path: str) -> Selected:
+def select_component(pm: PluginHost, kind: str, section: dict[str, Any], path: str) -> Selected:
     """One component chosen outside a run config (``gyremedia serve-reward NAME key=value``), checked as in a run:
     raises :class:`ConfigError` with one line per problem."""
     selected, errors = _select(pm, kind, section, path)
-    if errors:
+    if errors or selected is None:
         raise ConfigError("; ".join(errors))
     return selected
 
@@ -522,7 +523,7 @@ def _section(cfg: DictConfig, dotted: str) -> Any:
     return node
 
 
-def resolve_config(cfg: DictConfig, pm: PluginManager) -> ResolvedConfig:
+def resolve_config(cfg: DictConfig, pm: PluginHost) -> ResolvedConfig:
     """Validate a loaded config against the core schema and every selected plugin's options.
 
     Raises :class:`ConfigError` listing every problem found, each naming its key and fix.
@@ -560,11 +561,13 @@ def resolve_config(cfg: DictConfig, pm: PluginManager) -> ResolvedConfig:
             errors += errs
             selected[path] = sel
 
+    if core is not None:
+        errors += _unowned_keys(core, pm)
     errors += _default_weighting(pm, selected, given=_section(cfg, "weighting") is not None)
     errors += _kl_shortcut(pm, selected)
     if core is not None:
         errors += _cross_checks(core, selected, pm, sampler_given=_section(cfg, "sampler") is not None)
-    if errors:
+    if errors or core is None:
         raise ConfigError(errors[0] if len(errors) == 1 else f"{len(errors)} problems in the config:\n  - " + "\n  - ".join(errors))
     return ResolvedConfig(
         core=core,
@@ -580,25 +583,23 @@ def resolve_config(cfg: DictConfig, pm: PluginManager) -> ResolvedConfig:
     )
 
 
-def _pareto_checks(core: TrainConfig, rewards: list[Selected], backbone: Selected | None) -> list[str]:
-    """A Pareto run needs several rewards and a backbone that takes one preference input per reward."""
-    pareto = core.pareto
-    if not pareto.enabled:
-        return []
+def _unowned_keys(core: TrainConfig, pm: PluginHost) -> list[str]:
+    """Keys a feature plugin reads (``option(owner=...)``), set away from their defaults while it is not loaded."""
     errors = []
-    if len(rewards) < 2:
-        errors.append("pareto.enabled needs at least 2 rewards to weigh against each other")
-    if backbone is not None:
-        inputs = getattr(backbone.options, "preference_inputs", None)
-        if inputs is None:
-            errors.append(f"pareto.enabled: backbone {backbone.name!r} cannot be conditioned on preference weights")
-        elif inputs != len(rewards):
-            errors.append(f"pareto.enabled with {len(rewards)} rewards: set backbone.preference_inputs={len(rewards)} "
-                          f"(it is {inputs})")
+    for section in dataclasses.fields(core):
+        values = getattr(core, section.name)
+        for declared in dataclasses.fields(values):
+            owner = declared.metadata.get("owner")
+            default = (declared.default if declared.default is not dataclasses.MISSING
+                       else cast(Callable[[], Any], declared.default_factory)())
+            if owner and not pm.pm.has_plugin(owner) and getattr(values, declared.name) != default:
+                errors.append(f"{section.name}.{declared.name} is read by the plugin {owner!r}, which is not loaded: "
+                              f"add {owner} to {ALLOW_LIST_ENV} (or install it), or leave {section.name}.{declared.name} "
+                              "at its default")
     return errors
 
 
-def _default_weighting(pm: PluginManager, selected: dict[str, Any], given: bool) -> list[str]:
+def _default_weighting(pm: PluginHost, selected: dict[str, Any], given: bool) -> list[str]:
     """Select the objective's default timestep weighting when the yaml names none; refuse a
     ``weighting`` section for an objective that weights no timesteps."""
     objective = selected.get("objective")
@@ -617,7 +618,7 @@ def _default_weighting(pm: PluginManager, selected: dict[str, Any], given: bool)
     return errors
 
 
-def _kl_shortcut(pm: PluginManager, selected: dict[str, Any]) -> list[str]:
+def _kl_shortcut(pm: PluginHost, selected: dict[str, Any]) -> list[str]:
     """An objective's ``kl_beta > 0`` selects its ``kl_regularizer`` with that weight: the KL to the
     reference is computed by one piece of code however it is asked for."""
     objective, regularizers = selected.get("objective"), selected.get("regularizers")
@@ -635,64 +636,34 @@ def _kl_shortcut(pm: PluginManager, selected: dict[str, Any]) -> list[str]:
     return []
 
 
-def _reuse_checks(core: TrainConfig, selected: dict[str, Any]) -> list[str]:
-    """``train.reuse_rollout_forward`` needs flat rollouts trained by the weights that sampled them, and an
-    objective that names the transitions it replays before they are sampled."""
-    if not core.train.reuse_rollout_forward:
-        return []
-    errors, objective, off = [], selected.get("objective"), "or train.reuse_rollout_forward=false"
-    if objective is not None and not objective.meta.get("plans_transitions"):
-        errors.append(f"train.reuse_rollout_forward: objective {objective.name!r} does not name the transitions it "
-                      f"replays before sampling: use objective grpo, {off}")
-    if core.rollout.async_scoring:
-        errors.append(f"train.reuse_rollout_forward trains a rollout on the weights that sampled it: set "
-                      f"rollout.async_scoring=false, {off}")
-    if core.rollout.branch_steps:
-        errors.append(f"train.reuse_rollout_forward keeps flat rollouts' forwards: set rollout.branch_steps=[], {off}")
+def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginHost, sampler_given: bool) -> list[str]:
+    """Constraints between keys that no single field's range can express (each field's own range is
+    checked where it is declared, :mod:`gyremedia.options`); the features check their own keys
+    (``gyremedia_check_config``)."""
+    errors = _transition_checks(selected, pm, sampler_given) + _rollout_checks(core, selected, pm)
+    backbone = selected.get("backbone")
+    if core.train.compile and backbone is not None and not backbone.meta.get("compilable"):
+        errors.append(f"train.compile: backbone {backbone.name!r} does not compile its networks (it declares no "
+                      "compilable = True): set train.compile=false")
+    errors += _reward_checks(core, selected) + _prompt_checks(core) + _fit_checks(selected, pm)
+    errors += _objective_checks(core, selected, pm)
+    if selected.get("monitor.gold") and not pm.pm.has_plugin("monitor"):
+        errors.append(f"monitor.gold is scored by the plugin 'monitor', which is not loaded: add monitor to "
+                      f"{ALLOW_LIST_ENV} (or install it), or remove monitor.gold")
+    for found in pm.hook.gyremedia_check_config(core=core, selected=selected):
+        errors += found or []
     return errors
 
 
-def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager, sampler_given: bool) -> list[str]:
-    """Constraints between keys that no single field's range can express (each field's own range is
-    checked where it is declared, :mod:`gyremedia.options`)."""
-    errors = _transition_checks(selected, pm, sampler_given)
-    r = core.rollout
+def _rollout_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginHost) -> list[str]:
+    """The batch holds whole groups; a tree's leaves are its group, branching at steps it has."""
+    errors, r, sampler = [], core.rollout, selected.get("sampler")
     if r.batch_size % r.group_size:
         lower = r.batch_size - r.batch_size % r.group_size
         errors.append(
             f"rollout.batch_size={r.batch_size} is not divisible by rollout.group_size={r.group_size}: "
             f"use rollout.batch_size={lower or r.group_size} or {lower + r.group_size}"
         )
-    if r.candidates:
-        backbone = selected.get("backbone")
-        if r.candidates % r.group_size or r.candidates == r.group_size:
-            errors.append(f"rollout.candidates={r.candidates}: draw a larger multiple of rollout.group_size="
-                          f"{r.group_size} (e.g. {4 * r.group_size}), or 0 for one-stage rollouts")
-        if r.branch_steps:
-            errors.append("rollout.candidates selects initial noises of flat rollouts: set rollout.branch_steps=[] "
-                          "or rollout.candidates=0")
-        if core.pareto.enabled:
-            errors.append("rollout.candidates ranks candidates by the rewards' fixed weights: set pareto.enabled=false "
-                          "or rollout.candidates=0")
-        if backbone is not None and backbone.meta.get("transitions") != "denoising":
-            errors.append(f"rollout.candidates selects initial noises, which backbone {backbone.name!r} does not "
-                          f"denoise from: set rollout.candidates=0")
-    errors += _reuse_checks(core, selected)
-    backbone = selected.get("backbone")
-    if core.train.compile and backbone is not None and not backbone.meta.get("compilable"):
-        errors.append(f"train.compile: backbone {backbone.name!r} does not compile its networks (it declares no "
-                      "compilable = True): set train.compile=false")
-    adv = core.advantage
-    if adv.history and adv.combine != "sum":
-        errors.append(f"advantage.history={adv.history} keeps each prompt's total reward: use advantage.combine=sum "
-                      f"(or advantage.history=0 with combine={adv.combine})")
-    if adv.history and adv.std == "global":
-        errors.append(f"advantage.history={adv.history} normalises by each prompt's own history: use advantage.std=group "
-                      f"or none (or advantage.history=0 with std=global)")
-    if adv.history and adv.min_count > adv.history:
-        errors.append(f"advantage.min_count={adv.min_count} can never be reached by a history of {adv.history}: "
-                      f"set advantage.min_count to at most {adv.history}")
-    sampler = selected.get("sampler")
     if r.branch_steps:
         leaves = r.branch_roots * r.branch_width ** len(r.branch_steps)
         if sorted(set(r.branch_steps)) != list(r.branch_steps) or not all(b < r.num_steps for b in r.branch_steps):
@@ -703,22 +674,29 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
         if sampler is not None and not sampler.meta.get("has_log_prob"):
             errors.append(f"rollout.branch_steps needs a stochastic sampler to branch; {sampler.name!r} is deterministic: "
                           f"choose one of {', '.join(_names(pm, 'sampler', has_log_prob=True))}")
-    rewards = [s for s in selected.get("rewards") or [] if s is not None]
-    gold = [s.name for s in selected.get("monitor.gold") or [] if s is not None]
-    for name in sorted({n for n in gold if gold.count(n) > 1}):
-        errors.append(f"monitor.gold selects reward {name!r} twice: their scores would share eval/gold/{name}")
+    return errors
+
+
+def _reward_checks(core: TrainConfig, selected: dict[str, Any]) -> list[str]:
+    """Each reward selected once; ``eval.metric`` names one of them."""
+    errors, rewards = [], [s for s in selected.get("rewards") or [] if s is not None]
     names = [reward.name for reward in rewards]
     for name in sorted({n for n in names if names.count(n) > 1}):
         errors.append(f"reward {name!r} is selected twice: combine its scores in one reward, or give each selection "
                       "its own label (rewards.N.label)")
-    errors += _prompt_checks(core)
     every_reward_resolved = None not in (selected.get("rewards") or [])  # else its own error says why
     if core.eval.metric is not None and "/" not in core.eval.metric and core.eval.metric not in names \
             and every_reward_resolved:
         example = f"{rewards[0].name}/<component>" if rewards else "<reward>/<component>"
         errors.append(f"eval.metric={core.eval.metric!r}: expected a reward's name (its score) or "
                       f"'<reward>/<component>', e.g. {example!r}")
-    backbone = selected.get("backbone")
+    return errors
+
+
+def _fit_checks(selected: dict[str, Any], pm: PluginHost) -> list[str]:
+    """The samplers step on what the backbone predicts; the rewards score the media it makes."""
+    errors: list[str] = []
+    backbone: Any = selected.get("backbone")
     for path in ("sampler", "eval.sampler"):
         chosen = selected.get(path)
         if backbone is None or chosen is None:
@@ -728,6 +706,7 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
             errors.append(f"{path} {chosen.name!r} steps on {steps_on} predictions, but backbone {backbone.name!r} predicts "
                           f"{predicts}: choose one of {', '.join(_names(pm, 'sampler', prediction=predicts))}")
     media = backbone.meta.get("media_kind") if backbone is not None else None
+    rewards: list[Any] = [s for s in selected.get("rewards") or [] if s is not None]
     for path, chosen in [*((f"rewards.{i}", r) for i, r in enumerate(rewards)),
                          *((f"monitor.gold.{i}", g) for i, g in enumerate(selected.get("monitor.gold") or []))]:
         kinds = chosen.meta.get("kinds") if chosen is not None else None
@@ -735,9 +714,14 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
             fits = [c.name for c in pm.registry.all() if c.kind == "reward" and media in (c.meta.get("kinds") or ())]
             errors.append(f"{path}: reward {chosen.name!r} scores {'/'.join(sorted(kinds))}, but backbone "
                           f"{backbone.name!r} makes {media}: choose one of {', '.join(sorted(fits)) or '(none registered)'}")
-    errors += _pareto_checks(core, rewards, backbone)
-    objective = selected.get("objective")
-    transitions = backbone.meta.get("transitions") if backbone is not None else None
+    return errors
+
+
+def _objective_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginHost) -> list[str]:
+    """The objective gets the transitions, log-probs and rollout shape it trains on, and so do the regularizers."""
+    errors: list[str] = []
+    backbone, sampler, objective = selected.get("backbone"), selected.get("sampler"), selected.get("objective")
+    transitions: Any = backbone.meta.get("transitions") if backbone is not None else None
     for i, regularizer in enumerate(selected.get("regularizers") or []):
         if regularizer is not None and objective is not None and regularizer.meta.get("requires_log_prob") \
                 and not objective.meta.get("requires_log_prob"):
@@ -748,7 +732,7 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
             errors.append(f"regularizers.{i}: {regularizer.name!r} compares replayed sampler transitions, which "
                           f"objective {objective.name!r} does not make: use an objective that replays them "
                           f"({', '.join(replaying)}) or another regularizer ({', '.join(others)})")
-    if objective is not None and objective.meta.get("needs_tree_rollouts") and not r.branch_steps:
+    if objective is not None and objective.meta.get("needs_tree_rollouts") and not core.rollout.branch_steps:
         errors.append(f"objective {objective.name!r} trains on tree rollouts: set rollout.branch_steps (e.g. [0, 3]) and "
                       f"rollout.group_size to rollout.branch_width ** their number (e.g. 4)")
     if objective is not None and sampler is not None:
@@ -761,7 +745,7 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginManager
     return errors
 
 
-def _transition_checks(selected: dict[str, Any], pm: PluginManager, sampler_given: bool) -> list[str]:
+def _transition_checks(selected: dict[str, Any], pm: PluginHost, sampler_given: bool) -> list[str]:
     """A sampler exactly when the backbone's transitions are denoising steps; objectives and regularizers
     that train the transitions the backbone emits."""
     backbone = selected.get("backbone")
@@ -777,7 +761,7 @@ def _transition_checks(selected: dict[str, Any], pm: PluginManager, sampler_give
                 errors.append(f"'{path}': backbone {backbone.name!r} emits {transitions} and samples them itself "
                               f"(its own options set how): remove the {path} section")
     for path in ("objective", *(f"regularizers.{i}" for i in range(len(selected.get("regularizers") or [])))):
-        chosen = selected.get("objective") if path == "objective" else selected["regularizers"][int(path.split(".")[1])]
+        chosen: Any = selected.get("objective") if path == "objective" else selected["regularizers"][int(path.split(".")[1])]
         trains = chosen.meta.get("transitions") if chosen is not None else None
         if trains and transitions and trains != transitions:
             kind = chosen.kind
@@ -787,13 +771,13 @@ def _transition_checks(selected: dict[str, Any], pm: PluginManager, sampler_give
     return errors
 
 
-def _names_for(pm: PluginManager, kind: str, transitions: str) -> list[str]:
+def _names_for(pm: PluginHost, kind: str, transitions: str) -> list[str]:
     """Components of ``kind`` that train ``transitions`` (or any)."""
     return sorted(c.name for c in pm.registry.all() if c.kind == kind
                   and c.meta.get("transitions") in (None, transitions)) or ["(none registered)"]
 
 
-def _names(pm: PluginManager, kind: str, **capabilities: Any) -> list[str]:
+def _names(pm: PluginHost, kind: str, **capabilities: Any) -> list[str]:
     """Registered components of ``kind`` whose capabilities have the given values."""
     return sorted(c.name for c in pm.registry.all() if c.kind == kind
                   and all(bool(c.meta.get(k)) == v if isinstance(v, bool) else c.meta.get(k) == v
@@ -834,6 +818,7 @@ def _prompt_checks(core: TrainConfig) -> list[str]:
             errors.append(f"{key}={value!r}: holds no prompt (no record has text under {data.prompt_column!r})")
     if errors:
         return errors
+    eval_prompts: Sequence[str]
     if ev.prompts_file or ev.dataset:
         eval_prompts = read.get("eval.prompts_file", []) + read.get("eval.dataset", [])
         key = "eval.prompts_file" if ev.prompts_file else "eval.dataset"

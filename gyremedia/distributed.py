@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -69,7 +70,8 @@ def host_floats(values: dict[str, torch.Tensor | float]) -> dict[str, float]:
     """Scalars as Python floats, each device's tensors read in one copy: every ``float()`` of an accelerator's
     tensor makes the host wait until the accelerator has computed everything queued before it. A sharded
     (DTensor) value is gathered first, a collective: then every rank must make the same call."""
-    floats, tensors = {}, defaultdict(dict)
+    floats: dict[str, float] = {}
+    tensors: defaultdict[Any, dict[str, torch.Tensor]] = defaultdict(dict)
     for key, value in values.items():
         if isinstance(value, torch.Tensor):
             if hasattr(value, "full_tensor"):  # a sharded model's DTensor (the gradient norm under FSDP2)
@@ -140,7 +142,7 @@ def global_nanmeans(accelerator, values: dict[str, torch.Tensor]) -> dict[str, f
     return {key: total / count if count else math.nan for key, (total, count) in sorted(totals.items())}
 
 
-def average_gradients(accelerator, params: list[torch.Tensor]) -> None:
+def average_gradients(accelerator, params: Sequence[torch.Tensor]) -> None:
     """Average the parameters' gradients over the ranks in place, as DDP's synchronised backward does (for
     gradients accumulated outside it); each in place, so no second copy of them is held. Every trained parameter
     has a gradient on every rank (DDP requires it), so the ranks run the same collectives."""

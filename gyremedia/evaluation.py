@@ -6,10 +6,10 @@ import math
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
-from tqdm.auto import tqdm
 
 from gyremedia.config import COMPONENT_SETTINGS, ResolvedConfig, Selected
 from gyremedia.data import Prompt, PromptSource
@@ -80,7 +80,7 @@ def nanmean(values: torch.Tensor) -> float:
     return float(values.mean()) if len(values) else math.nan
 
 
-def score(rewards: dict[str, Any], media: Media, prompts: list[str], selected: list[Selected] = (),
+def score(rewards: dict[str, Any], media: Media, prompts: list[str], selected: Sequence[Selected] = (),
           when: str = "during evaluation") -> dict[str, torch.Tensor]:
     """``{reward: score, reward/component: values}`` for every sample, each reward under its ``timeout`` and
     ``on_failure`` as selected (``selected``, by name; default: fail, no timeout), as in training. A reward that
@@ -106,13 +106,11 @@ def selected_rewards(config: ResolvedConfig) -> list[Selected]:
 
 def evaluate(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any],
              preference: torch.Tensor | None = None, step: int | None = None) -> EvalResult:
-    """Score ``eval.samples`` fixed-seed samples of the eval prompts (cycled). A Pareto run's model is
-    evaluated at ``preference`` (default: equal weights). ``step`` names the evaluation in a reward's error."""
+    """Score ``eval.samples`` fixed-seed samples of the eval prompts (cycled). A preference-conditioned model is
+    evaluated at ``preference`` (``gyremedia_eval_preference``). ``step`` names the evaluation in a reward's error."""
     ev, rollout = config.core.eval, config.core.rollout
-    prompts = eval_prompts(config)
-    prompts = [prompts[i % len(prompts)] for i in range(ev.samples)]
-    if preference is None and config.core.pareto.enabled:
-        preference = torch.full((len(config.rewards),), 1 / len(config.rewards))
+    held_out = eval_prompts(config)
+    prompts: list[str] = [held_out[i % len(held_out)] for i in range(ev.samples)]
     backbone.trainable_module().eval()
     generated = backbone.generate(prompts, seed=ev.seed, sampler=sampler, num_steps=ev.num_steps or rollout.num_steps,
                                   guidance_scale=rollout.guidance_scale, preference=preference)
@@ -120,26 +118,6 @@ def evaluate(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[
     when = "during evaluation" if step is None else f"in the step-{step} evaluation"
     scores = score(rewards, generated.media, prompts, selected_rewards(config), when)
     return EvalResult(prompts, generated.media, scores, extras)
-
-
-def sweep_weights(count: int, settings: int) -> torch.Tensor:
-    """Preference weights a Pareto front is evaluated at: for two rewards ``settings`` points from
-    ``(1, 0)`` to ``(0, 1)``; for more, each reward alone and the equal mix."""
-    if count == 2:
-        a = torch.linspace(0, 1, settings)
-        return torch.stack([1 - a, a], dim=1)
-    return torch.cat([torch.eye(count), torch.full((1, count), 1 / count)])
-
-
-def pareto_front(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any]) -> list[dict[str, Any]]:
-    """One evaluation per swept weight setting: ``[{"weights": [...], "<reward>": mean score, ...}]``."""
-    front = []
-    for weights in tqdm(sweep_weights(len(config.rewards), config.core.pareto.sweep), desc="pareto front",
-                        disable=not config.core.logging.progress):
-        result = evaluate(config, backbone, sampler, rewards, preference=weights)
-        front.append({"weights": [round(float(w), 4) for w in weights],
-                      **{s.name: nanmean(result.scores[s.name]) for s in config.rewards}})
-    return front
 
 
 def accuracy_key(config: ResolvedConfig) -> str:
@@ -170,21 +148,22 @@ def save_grid(media: Media, prompts: list[str], path: Path, count: int) -> Path 
     completions (``path`` with its suffix changed). Returns the file written."""
     from gyremedia.media_io import save_image_grid, save_spectrogram_grid, save_video_grid, save_wavs
 
-    if media.kind == "image":
-        save_image_grid(media.data[:count], prompts[:count], path)
-        return path
-    if media.kind == "video":
-        path = Path(path).with_suffix(".gif")
-        save_video_grid(media.data[:count], prompts[:count], path, fps=media.meta.get("fps", 4))
-        return path
-    if media.kind == "audio":
-        rate = media.meta["sample_rate"]
-        save_wavs(media.data[:count], rate, Path(path).with_suffix(""), [f"{i:02d}" for i in range(min(count, len(media.data)))])
-        save_spectrogram_grid({"": media.data[:count]}, prompts[:count], path, sample_rate=rate)
-        return path
     if media.kind == "text":
         path = Path(path).with_suffix(".txt")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(f"{prompt!r} -> {completion!r}\n" for prompt, completion in zip(prompts[:count], media.data)))
+        return path
+    data = cast(torch.Tensor, media.data)  # the other kinds are tensors
+    if media.kind == "image":
+        save_image_grid(data[:count], prompts[:count], path)
+        return path
+    if media.kind == "video":
+        path = Path(path).with_suffix(".gif")
+        save_video_grid(data[:count], prompts[:count], path, fps=media.meta.get("fps", 4))
+        return path
+    if media.kind == "audio":
+        rate = media.meta["sample_rate"]
+        save_wavs(data[:count], rate, Path(path).with_suffix(""), [f"{i:02d}" for i in range(min(count, len(data)))])
+        save_spectrogram_grid({"": data[:count]}, prompts[:count], path, sample_rate=rate)
         return path
     return None

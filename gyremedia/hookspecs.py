@@ -24,14 +24,17 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pluggy
 
+from gyremedia.registry import COMPONENT_KINDS, DATA_CHANGING_HOOKS  # noqa: F401 - part of this module's API
+
 if TYPE_CHECKING:
     from pathlib import Path
 
     import torch
     from accelerate import Accelerator
 
-    from gyremedia.config import ResolvedConfig
-    from gyremedia.interfaces import RolloutRequest
+    from gyremedia.config import ResolvedConfig, TrainConfig
+    from gyremedia.evaluation import EvalResult
+    from gyremedia.interfaces import BuildContext, RolloutRequest
     from gyremedia.rollout import Media, Rollout
     from gyremedia.state import TrainState
 
@@ -121,18 +124,115 @@ def gyremedia_configure(config: ResolvedConfig, accelerator: Accelerator) -> Non
     checks that need the environment (a key, a server), which ``gyremedia config`` and ``export`` do not."""
 
 
+# --------------------------------------------------------------------------- the stages of a run
+#
+# Each is a ``firstresult`` hook whose default lives in ``gyremedia/stages/`` (always loaded, like pytest's
+# ``pytest_runtestloop`` in main.py): a plugin takes a stage over with ``@hookimpl(tryfirst=True)`` and
+# returns a result, or returns ``None`` to let the next implementation (in the end the default) run.
+
+
 @hookspec(firstresult=True)
 def gyremedia_collect_rollout(state: TrainState, request: RolloutRequest) -> Rollout | None:
-    """The rollout stage: sample this rank's share of a step. The first implementation that returns a
-    rollout wins, like pytest's ``pytest_runtestloop``.
+    """The rollout stage: sample this rank's share of a step.
 
     :param request: the prompts, their sample and group ids (each sample's noise depends on its id
-        alone), the chunks training replays, and the ``rollout`` settings.
+        alone), the chunks training replays, and the ``rollout`` settings, as the features edited it
+        (:func:`gyremedia_prepare_request`).
 
-    The default (``gyremedia.stages``, always loaded) is the policy's own: ``state.backbone.collect_rollout``
-    (denoising trajectories or trees; token generation). A plugin overrides it with
-    ``@hookimpl(tryfirst=True)`` (an external inference engine, candidate pools); returning ``None`` defers.
+    The default is the policy's own: ``state.backbone.collect_rollout`` (denoising trajectories or trees;
+    token generation). A plugin overrides it with ``@hookimpl(tryfirst=True)`` (an external inference engine).
     """
+
+
+@hookspec(firstresult=True)
+def gyremedia_score_rollout(state: TrainState, rollout: Rollout, futures: dict[str, Any],
+                            step: int) -> dict[str, float] | None:
+    """The scoring stage: wait for the rewards started on ``rollout.media`` (``futures``), apply their failure
+    policies and set ``rollout.rewards`` and ``rollout.reward``; returns the step's reward metrics (global)."""
+
+
+@hookspec(firstresult=True)
+def gyremedia_compute_advantages(state: TrainState, rollout: Rollout, step: int) -> dict[str, float] | None:
+    """The advantage stage: set ``rollout.advantages`` from the rewards of every rank's groups; returns the
+    reward statistics it measured (``reward``, ``reward_std``, ``reward_group_std``)."""
+
+
+@hookspec(firstresult=True)
+def gyremedia_update(state: TrainState, rollout: Rollout, step: int) -> dict[str, float] | None:
+    """The update stage: the objective's losses, backward and optimizer steps over the rollout's minibatches;
+    returns the loss metrics, averaged over the processes."""
+
+
+@hookspec(firstresult=True)
+def gyremedia_evaluate(state: TrainState, step: int) -> dict[str, float] | None:
+    """The evaluation stage at ``step`` (0: before training): score the fixed-seed eval samples, save their
+    grid; returns the ``eval/*`` metrics (on the main process)."""
+
+
+@hookspec(firstresult=True)
+def gyremedia_save_checkpoint(state: TrainState) -> Path | None:
+    """The checkpoint stage: write ``checkpoints/step-N`` of the current step (every rank); returns its folder."""
+
+
+@hookspec(firstresult=True)
+def gyremedia_finish(state: TrainState) -> bool | None:
+    """The end of a run, after its last checkpoint: plot the metrics, write the held-out changes, export the
+    trained generator. Returns ``True`` once done."""
+
+
+# --------------------------------------------------------------------------- features
+#
+# A feature (candidate pools, Pareto preferences, the per-prompt reward history, forward reuse, the hacking
+# monitor: ``plugins/gyremedia_features``) is a plugin: its module checks its config keys in
+# ``gyremedia_check_config`` and, when the config turns it on, registers a per-run object in ``gyremedia_setup``
+# that implements the hooks below.
+
+
+@hookspec
+def gyremedia_check_config(core: TrainConfig, selected: dict[str, Any]) -> list[str] | None:
+    """Errors of the keys this plugin reads (one line each, naming the key and the fix), checked with the rest
+    of the config before any model loads. ``selected`` maps each component section to its selection."""
+
+
+@hookspec
+def gyremedia_setup(state: TrainState, context: BuildContext) -> None:
+    """Called once the backbone, samplers, objective, weighting and rewards are built (the regularizers and loggers
+    are built next), before weights load and the optimizer exists: build what a feature needs (held-out rewards;
+    ``state.reference_needed = True`` for the frozen reference) and register its per-run object."""
+
+
+@hookspec
+def gyremedia_prepare_request(state: TrainState, request: RolloutRequest) -> None:
+    """Edit a step's rollout request before it is sampled (preference weights, kept forwards, the candidates'
+    initial noises). Changes training data, so only a per-run object the config turned on implements it."""
+
+
+@hookspec(firstresult=True)
+def gyremedia_group_statistics(state: TrainState, step: int) -> Any:
+    """What normalises a step's rewards instead of its groups' own mean and std: a callable ``(totals [N],
+    groups [N]) -> advantages [N]`` (DDPO's per-prompt history), or ``None``. Changes training data."""
+
+
+@hookspec
+def gyremedia_after_eval(state: TrainState, step: int, result: EvalResult, metrics: dict[str, float]) -> None:
+    """After an evaluation pass, on every process that computed it (the main one; all of them when the model
+    is sharded): add to ``metrics`` and ``result.scores`` (held-out rewards, drift, a Pareto front)."""
+
+
+@hookspec(firstresult=True)
+def gyremedia_eval_preference(config: ResolvedConfig) -> torch.Tensor | None:
+    """The reward-preference weights ``[R]`` a preference-conditioned model is evaluated at (a Pareto run's
+    equal weights), or ``None``: every evaluation, in a run and in ``gyremedia eval``."""
+
+
+@hookspec
+def gyremedia_eval_report(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any],
+                          report: dict[str, Any]) -> list[str] | None:
+    """``gyremedia eval`` of a trained run (its weights loaded): add entries to the json ``report`` and return
+    lines to print after its table (a Pareto front)."""
+
+
+# --------------------------------------------------------------------------- events
 
 
 @hookspec
@@ -156,7 +256,8 @@ def gyremedia_process_rewards(
 
 @hookspec
 def gyremedia_on_step_end(state: TrainState, metrics: dict[str, float]) -> None:
-    """Called on every rank after each optimizer step with that step's (global) metrics.
+    """Called on every rank after each step (its update and, when one is due, its evaluation) with that step's
+    (global) metrics.
 
     Plugins may add entries to ``metrics`` before they reach the loggers.
     """
@@ -193,19 +294,4 @@ def gyremedia_on_exception(state: TrainState, exc: BaseException) -> None:
 
 @hookspec
 def gyremedia_on_train_end(state: TrainState) -> None:
-    """Called once after the last step and the final checkpoint."""
-
-
-#: Hooks that change the data a run trains on; only config-selected components implement them.
-DATA_CHANGING_HOOKS = frozenset({"gyremedia_after_rollout", "gyremedia_process_rewards"})
-
-#: The component kinds and the registration hook of each.
-COMPONENT_KINDS = {
-    "backbone": "gyremedia_register_backbones",
-    "sampler": "gyremedia_register_samplers",
-    "objective": "gyremedia_register_objectives",
-    "reward": "gyremedia_register_rewards",
-    "regularizer": "gyremedia_register_regularizers",
-    "weighting": "gyremedia_register_weightings",
-    "logger": "gyremedia_register_loggers",
-}
+    """Called once after the last step, its checkpoint and the end of the run (``gyremedia_finish``)."""

@@ -14,6 +14,7 @@ import torch
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
+    from gyremedia.config import RolloutSection
     from gyremedia.rollout import Media, Rollout
 
 
@@ -39,7 +40,7 @@ class RolloutRequest:
     sample_ids: torch.Tensor  # [B] each sample's index in the step's global batch (its noise depends on it)
     group_ids: torch.Tensor  # [B] its prompt group's index in the global batch
     chunks: int  # training replays the rollout in this many minibatches: sample in the same chunks
-    settings: Any  # the core ``rollout`` section (group size, steps, guidance, tree branching, ...)
+    settings: RolloutSection  # the core ``rollout`` section (group size, steps, guidance, tree branching, ...)
     preference: torch.Tensor | None = None  # [B, R] a Pareto run's reward-preference weights
     # Where each sample's initial noise comes from: generators keyed by (seed, step, noise_stream, noise id);
     # None: the sample's id (its group's with same_noise_in_group). Candidate selection sets both.
@@ -48,6 +49,7 @@ class RolloutRequest:
     # train.reuse_rollout_forward: the transitions whose model outputs on the first chunk are computed with
     # gradients and kept for training (gyremedia.sampling.KeptForwards); a policy may ignore it (training replays)
     keep_forwards: tuple[int, ...] = ()
+    metrics: dict[str, float] = field(default_factory=dict)  # what preparing it measured: the rollout's metrics
 
 
 @dataclass
@@ -56,6 +58,20 @@ class Generated:
 
     media: Media
     extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Shardable(Protocol):
+    """A policy that declares ``shardable = True`` (see :class:`Policy`)."""
+
+    def shard(self) -> int: ...
+
+    def unshard(self) -> None: ...
+
+
+class Compilable(Protocol):
+    """A policy that declares ``compilable = True`` (see :class:`Policy`)."""
+
+    def compile(self) -> None: ...
 
 
 @runtime_checkable

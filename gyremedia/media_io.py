@@ -48,7 +48,7 @@ def image_grid(images: torch.Tensor, captions: list[str], *, columns: int = 8, c
     pixels = eight_bit(images).permute(0, 2, 3, 1).numpy()
     for i, (image, caption) in enumerate(zip(pixels, captions)):
         x, y = (i % columns) * cell, (i // columns) * (cell + caption_lines * line_height + 4)
-        canvas.paste(Image.fromarray(np.ascontiguousarray(image)).resize((cell - 4, cell - 4), Image.NEAREST), (x + 2, y + 2))
+        canvas.paste(Image.fromarray(np.ascontiguousarray(image)).resize((cell - 4, cell - 4), Image.Resampling.NEAREST), (x + 2, y + 2))
         for j, line in enumerate(textwrap.wrap(caption, width=cell // 6)[:caption_lines]):
             draw.text((x + 2, y + cell + j * line_height), line, fill="black", font=font)
     return canvas

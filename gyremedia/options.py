@@ -58,6 +58,8 @@ class Bounds:
             return f"in {low[1]}{_number(low[0])}, {_number(high[0])}{high[1]}"
         if low:
             return f"{'>' if low[1] == '(' else '>='} {_number(low[0])}"
+        if high is None:
+            return "any number"
         return f"{'<' if high[1] == ')' else '<='} {_number(high[0])}"
 
 
@@ -67,15 +69,17 @@ def _number(value: float) -> str:
 
 def option(default: Any = MISSING, *, default_factory: Callable[[], Any] | Any = MISSING, help: str = "",
            gt: float | None = None, ge: float | None = None, lt: float | None = None, le: float | None = None,
-           check: Callable[[Any], str | None] | None = None, hint: str | None = None) -> Any:
+           check: Callable[[Any], str | None] | None = None, hint: str | None = None,
+           owner: str | None = None) -> Any:
     """A dataclass field with its help string and its constraints.
 
     ``gt``/``ge``/``lt``/``le`` bound a number (each element of a list of numbers; ``None`` values
     are always allowed). ``check(value)`` returns an error message, or ``None`` when the value is
     fine (file existence, formats). ``hint`` is added to a wrong-type error (what to write instead).
+    ``owner``: the plugin that reads this core key (a feature); set while that plugin is not loaded, it is refused.
     """
     bounds = Bounds(gt, ge, lt, le) if any(b is not None for b in (gt, ge, lt, le)) else None
-    metadata = {"help": help, "bounds": bounds, "check": check, "hint": hint}
+    metadata = {"help": help, "bounds": bounds, "check": check, "hint": hint, "owner": owner}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 

@@ -26,7 +26,7 @@ import logging
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors.torch import load as load_tensors
@@ -135,7 +135,7 @@ def _same(x: Any, y: Any) -> bool:
 def _join(media: list[Media]) -> Media:
     if isinstance(media[0].data, list):
         return Media(media[0].kind, [item for m in media for item in m.data], dict(media[0].meta))
-    return Media(media[0].kind, torch.cat([m.data for m in media]), dict(media[0].meta))
+    return Media(media[0].kind, torch.cat([cast(torch.Tensor, m.data) for m in media]), dict(media[0].meta))
 
 
 class RewardService:
@@ -163,14 +163,14 @@ class RewardService:
         return await request.answer
 
     async def _serve(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop, queue = asyncio.get_running_loop(), cast("asyncio.Queue[_Request]", self.queue)
         while True:
-            batch = [self.held or await self.queue.get()]
+            batch = [self.held or await queue.get()]
             self.held = None
             size, deadline = len(batch[0].prompts), loop.time() + self.batch_wait
             while size < self.max_batch:
                 try:
-                    request = await asyncio.wait_for(self.queue.get(), max(deadline - loop.time(), 0))
+                    request = await asyncio.wait_for(queue.get(), max(deadline - loop.time(), 0))
                 except asyncio.TimeoutError:
                     break
                 if not _joinable(batch[0].media, request.media) or size + len(request.prompts) > self.max_batch:
@@ -178,7 +178,7 @@ class RewardService:
                     break
                 batch.append(request)
                 size += len(request.prompts)
-            prompts = [p for request in batch for p in request.prompts]
+            prompts: list[str] = [p for request in batch for p in request.prompts]
             try:
                 scores = await loop.run_in_executor(self.worker, call_reward, self.reward,
                                                     _join([r.media for r in batch]), prompts)

@@ -66,6 +66,8 @@ class Rollout:
     rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # reward name -> [B]
     reward: torch.Tensor | None = None  # [B] weighted total that advantages are computed from
     advantages: torch.Tensor | None = None  # [B]
+    preference: torch.Tensor | None = None  # [B, R] per-sample weights of the rewards (a Pareto run's); None: equal
+    metrics: dict[str, float] = field(default_factory=dict)  # what making it measured, logged with its step
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:

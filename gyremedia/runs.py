@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from gyremedia import checkpoint as ckpt
 from gyremedia.config import ConfigError, ResolvedConfig, load_config, resolve_config
 from gyremedia.interfaces import BuildContext
-from gyremedia.plugins import PluginManager
+from gyremedia.registry import PluginHost
 
 logger = logging.getLogger("gyremedia")
 
@@ -65,7 +65,7 @@ def check_resumed_settings(saved_yaml: str, config: ResolvedConfig, overridden: 
     return [k for k in changed if _covers(k, overridden)]
 
 
-def run_config(run_dir: Path, overrides: list[str], pm: PluginManager) -> ResolvedConfig:
+def run_config(run_dir: Path, overrides: list[str], pm: PluginHost) -> ResolvedConfig:
     """The resolved config a run folder was trained with, plus ``key=value`` overrides. A ``config.yaml`` that
     does not parse (cut short by a crash before it was written atomically) gives way, with a warning, to the copy
     the newest checkpoint keeps."""
@@ -150,11 +150,11 @@ def _context(config: ResolvedConfig, device: torch.device | None) -> BuildContex
                         mixed_precision=config.core.train.mixed_precision)
 
 
-def build_backbone(config: ResolvedConfig, pm: PluginManager, device: torch.device | None = None) -> Any:
+def build_backbone(config: ResolvedConfig, pm: PluginHost, device: torch.device | None = None) -> Any:
     return pm.build(config.backbone, _context(config, device))
 
 
-def build_scoring(config: ResolvedConfig, pm: PluginManager, device: torch.device | None = None) -> tuple[Any, dict[str, Any]]:
+def build_scoring(config: ResolvedConfig, pm: PluginHost, device: torch.device | None = None) -> tuple[Any, dict[str, Any]]:
     """The evaluation sampler and the rewards of a run, its held-out gold rewards (``monitor.gold``)
     named ``gold/<name>``."""
     context = _context(config, device)

@@ -7,11 +7,12 @@ trajectory is the same on one process or many, and after a resume.
 from __future__ import annotations
 
 import contextlib
+from typing import Any, cast
 from dataclasses import dataclass, field
 
 import torch
 
-from gyremedia.interfaces import Backbone, ObjectiveContext, Sampler, Transition
+from gyremedia.interfaces import DenoisingBackbone, ObjectiveContext, Sampler, Transition
 from gyremedia.rollout import Rollout
 from gyremedia.streams import sample_generators  # noqa: F401 - re-exported: samplers and backbones draw with it
 
@@ -59,6 +60,8 @@ class KeptComparison:
 
     def rows_on(self, device: torch.device) -> torch.Tensor:
         """``rows`` on ``device``."""
+        if self.rows is None:
+            raise ValueError("every kept row is compared, in order: there is nothing to index")
         if device not in self.copies:
             self.copies[device] = self.rows.to(device)
         return self.copies[device]
@@ -136,7 +139,7 @@ class KeptForwards:
 
 
 @torch.no_grad()
-def sample_trajectories(backbone: Backbone, sampler: Sampler, conditions: dict[str, torch.Tensor], *,
+def sample_trajectories(backbone: DenoisingBackbone, sampler: Sampler, conditions: dict[str, torch.Tensor], *,
                         initial_generators: list[torch.Generator], step_generators: list[torch.Generator],
                         num_steps: int, guidance_scale: float,
                         keep: KeptForwards | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -151,18 +154,18 @@ def sample_trajectories(backbone: Backbone, sampler: Sampler, conditions: dict[s
     def predict(state: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         return backbone.predict(state, sigma, conditions, guidance_scale)
 
-    extra = {"predict": predict} if getattr(sampler, "needs_predict", False) else {}
+    extra: dict[str, Any] = {"predict": predict} if getattr(sampler, "needs_predict", False) else {}
     for i in range(num_steps):
-        kept = keep is not None and i in keep.indices
-        with torch.enable_grad() if kept else contextlib.nullcontext():
+        kept = keep if keep is not None and i in keep.indices else None
+        with torch.enable_grad() if kept is not None else contextlib.nullcontext():
             output = predict(x, sigmas[i])
-        if kept and output.requires_grad:
-            keep.keep(i, x, output)
+        if kept is not None and output.requires_grad:
+            kept.keep(i, x, output)
             output = output.detach()
         noise = noise_like(x, step_generators) if sampler.has_log_prob else None
         transition = sampler.step(x, output, sigmas, i, noise=noise, **extra)
-        if kept and (transition.log_prob is None or not bool(torch.isfinite(transition.log_prob).all())):
-            keep.drop(i)  # a deterministic step is never trained: free its graph now
+        if kept is not None and (transition.log_prob is None or not bool(torch.isfinite(transition.log_prob).all())):
+            kept.drop(i)  # a deterministic step is never trained: free its graph now
         x = transition.next_state
         states.append(x)
         if transition.log_prob is not None:
@@ -184,8 +187,11 @@ def replay_transition(ctx: ObjectiveContext, rollout: Rollout, index: int, *,
     x = rollout.states[:, index]
     kept = None if reference else rollout.extras.get(KeptForwards.KEY)
     output = kept.take(index, rollout.sample_ids, rollout.states) if kept is not None else None
+    if ctx.sampler is None:
+        raise ValueError("replay needs the run's sampler (a policy that samples its own tokens replays none)")
     if output is None:
-        output = ctx.backbone.predict(x, rollout.sigmas[index], rollout.conditions, ctx.guidance_scale,
-                                      reference=reference)
+        backbone = cast(DenoisingBackbone, ctx.backbone)  # a rollout with sigmas is a denoising policy's
+        output = backbone.predict(x, rollout.sigmas[index], rollout.conditions, ctx.guidance_scale,
+                                  reference=reference)
     transition = ctx.sampler.step(x, output, rollout.sigmas, index, next_state=rollout.states[:, index + 1])
     return transition, output

@@ -11,7 +11,7 @@ receives the tensors, which is what checkpoints and exports need (the main proce
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -58,7 +58,7 @@ def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     the other ranks get an empty dict)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(module, options=_full_options(cpu_offload=True))
+    return cast(dict[str, torch.Tensor], get_model_state_dict(module, options=_full_options(cpu_offload=True)))
 
 
 def full_optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def unsharded_copy(module: torch.nn.Module, prepare=None) -> torch.nn.Module | N
         return None
     cls = stock_class(module)
     # diffusers models are built from their config by from_config, transformers models by _from_config
-    build = getattr(cls, "_from_config", None) or cls.from_config
+    build = getattr(cls, "_from_config", None) or getattr(cls, "from_config")
     copy = build(module.config)
     dtypes = {name: p.dtype for name, p in module.named_parameters()}
     if prepare is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gyremedia.interfaces import Backbone, Sampler
+from gyremedia.interfaces import DenoisingBackbone, Sampler
 from gyremedia.sampling import noise_like
 from gyremedia.streams import Stream, sample_generators
 
@@ -31,7 +31,7 @@ class TreeTrajectories:
 
 
 @torch.no_grad()
-def sample_trees(backbone: Backbone, sampler: Sampler, conditions: dict[str, torch.Tensor], *, group_ids: list[int],
+def sample_trees(backbone: DenoisingBackbone, sampler: Sampler, conditions: dict[str, torch.Tensor], *, group_ids: list[int],
                  seed: int, step: int, branch_steps: list[int], width: int, num_steps: int,
                  guidance_scale: float, roots: int = 1) -> TreeTrajectories:
     """Grow ``roots`` trees per entry of ``group_ids`` (``conditions`` holds one row per group).
@@ -42,10 +42,11 @@ def sample_trees(backbone: Backbone, sampler: Sampler, conditions: dict[str, tor
     """
     if roots == 1:
         x = backbone.sample_noise(sample_generators(seed, step, Stream.INITIAL_NOISE, group_ids))
-        paths = [(g, ()) for g in group_ids]  # (group, child indices chosen so far) per node
+        paths: list[tuple[int, tuple[int, ...]]] = [(g, ()) for g in group_ids]  # (group, child indices so far) per node
     else:
         paths = [(g, (r,)) for g in group_ids for r in range(roots)]
-        x = backbone.sample_noise([sample_generators(seed, step, (Stream.INITIAL_NOISE, r), [g])[0] for g, (r,) in paths])
+        x = backbone.sample_noise([sample_generators(seed, step, (Stream.INITIAL_NOISE, path[0]), [g])[0]
+                                   for g, path in paths])
     sigmas = backbone.sigmas(num_steps).to(x.device)
     owner = torch.arange(len(group_ids)).repeat_interleave(roots)  # which group (row of `conditions`) owns each node
 
@@ -54,7 +55,8 @@ def sample_trees(backbone: Backbone, sampler: Sampler, conditions: dict[str, tor
 
     node_generators = generators()
     node_conditions = conditions if roots == 1 else {k: v[owner] for k, v in conditions.items()}
-    levels, parents, log_probs, forward_rows = [x], [], [], 0
+    levels, parents, forward_rows = [x], [], 0
+    log_probs: list[torch.Tensor] = []
     for i in range(num_steps):
         output = backbone.predict(x, sigmas[i], node_conditions, guidance_scale)
         forward_rows += x.shape[0]
@@ -69,14 +71,16 @@ def sample_trees(backbone: Backbone, sampler: Sampler, conditions: dict[str, tor
         x = transition.next_state
         levels.append(x)
         parents.append(parent)
+        if transition.log_prob is None:
+            raise ValueError(f"tree rollouts branch with a stochastic sampler: {type(sampler).__name__} gave no log-prob")
         log_probs.append(transition.log_prob)
 
     # Follow each leaf up the tree: its node at every level.
     leaves = levels[-1].shape[0]
-    ancestors = [torch.arange(leaves)]
+    chain = [torch.arange(leaves)]
     for parent in reversed(parents):
-        ancestors.append(parent[ancestors[-1]])
-    ancestors = torch.stack(ancestors[::-1], dim=1)  # [B, S+1]
+        chain.append(parent[chain[-1]])
+    ancestors = torch.stack(chain[::-1], dim=1)  # [B, S+1]
     states = torch.stack([levels[i][ancestors[:, i]] for i in range(num_steps + 1)], dim=1)
     leaf_log_probs = torch.stack([log_probs[i][ancestors[:, i + 1]] for i in range(num_steps)], dim=1)
     return TreeTrajectories(states, leaf_log_probs, sigmas, ancestors, forward_rows)

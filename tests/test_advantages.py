@@ -4,7 +4,8 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from gyremedia.advantages import PromptStatTracker, combined_advantages, distributed_group_advantages, group_advantages
+from gyremedia.advantages import combined_advantages, distributed_group_advantages, group_advantages
+from gyremedia_features.prompt_history import PromptStatTracker
 
 
 def test_group_advantages_by_hand():

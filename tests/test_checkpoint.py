@@ -63,11 +63,11 @@ def test_a_full_disk_stops_the_run_naming_the_folder_and_leaves_nothing_half_wri
 def test_the_per_prompt_reward_history_resumes_with_the_run(make_config, tmp_path):
     trainer = Trainer(make_config("advantage.history=8", "advantage.min_count=4", "train.steps=2"), PluginManager())
     state = trainer.train()
-    assert state.step == 2 and sum(len(b) for b in trainer.stat_tracker.buffers.values()) == 16  # 2 steps x 8 samples
+    assert state.step == 2 and sum(len(b) for b in state.stateful["advantage"].buffers.values()) == 16  # 2 steps x 8 samples
     pm = PluginManager()
     resumed = Trainer(run_config(tmp_path / "run", ["train.steps=3"], pm), pm, resume=True)
     resumed.setup()
-    assert resumed.stat_tracker.buffers == trainer.stat_tracker.buffers
+    assert resumed.state.stateful["advantage"].buffers == state.stateful["advantage"].buffers
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -170,7 +170,7 @@ def test_a_checkpoint_written_before_plain_rng_states_still_resumes_exactly(make
 
 
 def test_a_component_state_that_is_not_plain_values_fails_the_save_naming_it(make_config, monkeypatch):
-    from gyremedia.advantages import PromptStatTracker
+    from gyremedia_features.prompt_history import PromptStatTracker
 
     monkeypatch.setattr(PromptStatTracker, "state_dict", lambda self: {"buffers": {"a cat": object()}})
     with pytest.raises(CheckpointError, match=r"the state of advantage\['buffers'\]\['a cat'\] is a builtins.object"):

@@ -19,6 +19,10 @@ from gyremedia.advantages import group_advantages
 from gyremedia.config import ResolvedConfig
 from gyremedia.distributed import to_device, to_host
 from gyremedia.plugins import PluginManager
+from gyremedia.stages import rollout
+from gyremedia.stages.advantages import gyremedia_compute_advantages
+from gyremedia.stages.scoring import gyremedia_score_rollout, start_scoring
+from gyremedia.stages.update import gyremedia_update
 from gyremedia.trainer import Trainer
 
 
@@ -99,11 +103,12 @@ def waits_per_update(config: ResolvedConfig) -> list[Counter]:
     with FakeDevice() as device:
         trainer.setup()
         for step in range(2):
-            rollout = trainer.collect_rollout(step)
-            trainer.score(rollout, step)
-            trainer.compute_advantages(rollout, step)
+            state = trainer.state
+            sampled = rollout.collect(state, step)
+            gyremedia_score_rollout(state, sampled, start_scoring(state, sampled), step)
+            gyremedia_compute_advantages(state, sampled, step)
             device.syncs.clear()
-            trainer.optimize(rollout, step)
+            gyremedia_update(state, sampled, step)
             waits.append(Counter(device.syncs))
     return waits
 

@@ -16,7 +16,9 @@ from gyremedia.checkpoint import latest_checkpoint, list_checkpoints
 from gyremedia.cli import main
 from gyremedia.plugins import PluginManager
 from gyremedia.sampling import KeptForwards
+from gyremedia.stages import rollout
 from gyremedia.trainer import RewardError, Trainer
+from gyremedia_features.forward_reuse import planned_forwards
 
 
 def read_metrics(run_dir) -> list[dict]:
@@ -151,7 +153,7 @@ def test_reused_rollout_forwards_train_the_same_weights_with_fewer_forwards(make
         state.backbone.trainable_module().register_forward_pre_hook(
             lambda module, args, kwargs: rows.append(kwargs["hidden_states"].shape[0]), with_kwargs=True)
         for step in range(3):
-            planned.append(trainer.planned_forwards(step))
+            planned.append(planned_forwards(state, step))
             trainer.train_step(step)
             assert planned[-1] == state.objective.micro_steps(state.rollout, step)
             assert KeptForwards.KEY not in state.rollout.extras  # no graph outlives its update
@@ -168,8 +170,8 @@ def test_each_steps_prompts_are_drawn_once(make_config, tmp_path, monkeypatch):
     trainer = Trainer(make_config("train.steps=3", "advantage.history=4", "advantage.min_count=2"), PluginManager())
     trainer.setup()
     drawn = []
-    original = trainer.prompts.groups_for_step
-    monkeypatch.setattr(trainer.prompts, "groups_for_step", lambda seed, step, n: drawn.append(step) or original(seed, step, n))
+    original = trainer.state.prompts.groups_for_step
+    monkeypatch.setattr(trainer.state.prompts, "groups_for_step", lambda seed, step, n: drawn.append(step) or original(seed, step, n))
     for step in range(3):
         trainer.train_step(step)
     assert drawn == [0, 1, 2]
@@ -281,7 +283,7 @@ def test_non_finite_reward_fails_naming_reward_step_and_prompt(make_config):
         trainer.train()
     message = str(info.value)
     assert "'shaped'" in message and "step 1" in message and "nan" in message
-    assert repr(trainer.collect_rollout(1).prompts[1]) in message
+    assert repr(rollout.collect(trainer.state, 1).prompts[1]) in message
     assert recorder.calls[-1] == "exception:RewardError"
 
 
@@ -554,17 +556,17 @@ def test_sigterm_checkpoints_the_step_exits_nonzero_and_resume_reproduces_the_ru
 def test_a_second_signal_exits_at_once(make_config, monkeypatch):
     import signal
 
-    import gyremedia.trainer as trainer_module
+    import gyremedia.signals as signals_module
 
     exits = []
-    monkeypatch.setattr(trainer_module.os, "_exit", exits.append)
+    monkeypatch.setattr(signals_module.os, "_exit", exits.append)
     trainer = Trainer(make_config(), None)
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the shell started pytest in the background
-    with trainer._signals_handled():
+    with trainer.signals.handled(lambda: 1):
         handler = signal.getsignal(signal.SIGINT)
         assert handler is not before
         handler(signal.SIGINT, None)
-        assert trainer._signal == signal.SIGINT and exits == []
+        assert trainer.signals.received == signal.SIGINT and exits == []
         handler(signal.SIGINT, None)
     assert exits == [130]
     assert signal.getsignal(signal.SIGINT) is before  # restored after the run

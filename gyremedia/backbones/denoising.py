@@ -92,15 +92,16 @@ class DenoisingPolicy:
                                                       request.sample_ids[span].tolist()),
                     num_steps=r.num_steps, guidance_scale=r.guidance_scale, keep=kept if begin == 0 else None)
             parts.append((conditions, states, log_probs))
-        extras = {KeptForwards.KEY: kept} if kept is not None else {}
+        extras, metrics = ({KeptForwards.KEY: kept} if kept is not None else {}), {}
         if ancestors:  # the tree structure, and the share of a flat rollout's model evaluations it needed
-            extras = {"tree_ancestors": torch.cat(ancestors), "forward_fraction": forward_rows / (per_rank * r.num_steps)}
+            extras = {"tree_ancestors": torch.cat(ancestors)}
+            metrics = {"rollout/forward_fraction": forward_rows / (per_rank * r.num_steps)}
         return Rollout(
             prompts=list(request.prompts), sample_ids=request.sample_ids, group_ids=request.group_ids,
             conditions={k: torch.cat([p[0][k] for p in parts]) for k in parts[0][0]},
             states=torch.cat([p[1] for p in parts]),
             log_probs=torch.cat([p[2] for p in parts]) if parts[0][2] is not None else None,
-            sigmas=sigmas, extras=extras,
+            sigmas=sigmas, metrics=metrics, extras=extras,
         )
 
     def media(self, rollout: Rollout) -> Media:

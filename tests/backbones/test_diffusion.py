@@ -213,7 +213,8 @@ def test_default_lora_targets_wrap_the_unets_attention_and_switch_off_to_the_bas
 
 def test_trainer_and_core_name_no_concrete_backbone():
     root = Path(__file__).parents[2] / "gyremedia"
-    for path in ["trainer.py", "stages.py", "sampling.py", "objectives/forward_process.py", "backbones/denoising.py"]:
+    stages = [str(p.relative_to(root)) for p in sorted((root / "stages").glob("*.py"))]
+    for path in ["trainer.py", *stages, "sampling.py", "objectives/forward_process.py", "backbones/denoising.py"]:
         text = (root / path).read_text().lower()
         for word in ("unet", "stablediffusion", "diffusion_backbone", "epsilon", "v_prediction"):
             assert word not in text, f"{path} names {word!r}"

@@ -12,10 +12,10 @@ from cli_runs import gyremedia
 
 from gyremedia.advantages import combined_advantages
 from gyremedia.config import ConfigError
-from gyremedia.evaluation import sweep_weights
 from gyremedia.interfaces import BuildContext
 from gyremedia.plugins import PluginManager
-from gyremedia.trainer import Trainer, preference_weights
+from gyremedia.trainer import Trainer
+from gyremedia_features.pareto import preference_weights, sweep_weights
 
 PARETO = ["pareto.enabled=true", "backbone.preference_inputs=2", "rewards=[jpeg_compressibility, shapes_verifier]"]
 
@@ -104,6 +104,7 @@ def test_a_pareto_run_writes_its_front(make_config, tmp_path):
 
 
 def test_eval_reports_the_trained_models_front(make_config, tmp_path, capsys):
+    """`gyremedia eval` asks the plugins for more (gyremedia_eval_report): the pareto plugin adds the front."""
     from gyremedia.cli import main
 
     Trainer(make_config(*PARETO, "train.steps=1"), PluginManager()).train()
@@ -111,6 +112,8 @@ def test_eval_reports_the_trained_models_front(make_config, tmp_path, capsys):
     assert main(["eval", str(tmp_path / "run"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [p["weights"] for p in report["pareto_front"]] == sweep_weights(2, 5).tolist()
+    assert main(["eval", str(tmp_path / "run")]) == 0
+    assert "preference [0.5, 0.5]: " in capsys.readouterr().out  # its lines, after the table
 
 
 @pytest.mark.slow
@@ -118,7 +121,7 @@ def test_the_pareto_config_learns_a_front_whose_extremes_each_win_their_own_rewa
     """configs/pareto.yaml end to end (about 4 minutes on 2 CPU cores): one model, five preferences."""
     from gyremedia.config import load_config
 
-    run, config = tmp_path / "pareto", Path(__file__).resolve().parents[1] / "configs" / "pareto.yaml"
+    run, config = tmp_path / "pareto", Path(__file__).resolve().parents[2] / "configs" / "pareto.yaml"
     gyremedia("train", str(config), f"run.output_dir={run}", "export.on_train_end=false", "logging.progress=false",
               timeout=1200)
     front = json.loads((run / "pareto_front.json").read_text())

@@ -21,10 +21,31 @@ import logging
 import math
 from typing import Any
 
-
+from gyremedia import hookimpl
 from gyremedia.evaluation import EvalResult, score, summary
+from gyremedia.interfaces import BuildContext
+from gyremedia.state import TrainState
 
 logger = logging.getLogger("gyremedia")
+
+
+@hookimpl
+def gyremedia_check_config(core: Any, selected: dict[str, Any]) -> list[str]:
+    gold = [s.name for s in selected.get("monitor.gold") or [] if s is not None]
+    return [f"monitor.gold selects reward {name!r} twice: their scores would share eval/gold/{name}"
+            for name in sorted({n for n in gold if gold.count(n) > 1})]
+
+
+@hookimpl
+def gyremedia_setup(state: TrainState, context: BuildContext) -> None:
+    """Every run is monitored: its gold rewards are built beside the run's own."""
+    config = state.config
+    gold = {s.name: state.plugins.build(s, context) for s in config.gold_rewards}
+    monitor = HackingMonitor(config.core.monitor, gold, proxy=f"eval/{config.rewards[0].name}",
+                             selected=config.gold_rewards)
+    state.reference_needed |= monitor.needs_reference
+    state.stateful["monitor"] = monitor  # checkpointed under the name it has always had
+    state.plugins.register_for_run(monitor, name="monitor:run")
 
 class HackingMonitor:
     """Gold rewards, velocity drift and the proxy-up-gold-down warning at each evaluation."""
@@ -42,6 +63,10 @@ class HackingMonitor:
     @property
     def needs_reference(self) -> bool:
         return bool(self.settings.drift)
+
+    @hookimpl(tryfirst=True)
+    def gyremedia_after_eval(self, state: TrainState, step: int, result: EvalResult, metrics: dict[str, float]) -> None:
+        self.on_eval(step, result, metrics, state.backbone, state.config.core.rollout.guidance_scale)
 
     def on_eval(self, step: int, result: EvalResult, metrics: dict[str, float], backbone: Any,
                 guidance_scale: float) -> None:

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from gyremedia.candidates import contrastive_subset
+from gyremedia.stages.rollout import rollout_request
+from gyremedia_features.candidates import CandidatePools, contrastive_subset
 from gyremedia.config import ConfigError
 from gyremedia.plugins import PluginManager
 from gyremedia.streams import Stream, sample_generators
@@ -41,9 +42,10 @@ def test_the_rollout_starts_from_the_chosen_candidates_noises(make_config):
     trainer = Trainer(make_config("rollout.candidates=12", "rollout.candidate_steps=2", "train.steps=1"), PluginManager())
     state = trainer.setup()
     spy = state.rewards["jpeg_compressibility"] = PoolSpy(state.rewards["jpeg_compressibility"])
-    trainer.scorer.rewards["jpeg_compressibility"] = spy
-    request = trainer.rollout_request(0)
-    pool_mean = trainer.choose_candidates(request)
+    state.scorer.rewards["jpeg_compressibility"] = spy
+    request = rollout_request(state, 0)
+    CandidatePools().gyremedia_prepare_request(state, request)
+    pool_mean = request.metrics["rollout/candidate_reward"]
     pool = spy.calls[0].reshape(2, 12)  # 2 groups of 12 candidates
     assert pool_mean == pytest.approx(pool.mean().item())
     keys = torch.arange(24).reshape(2, 12)  # group g's candidate j has noise key 12 g + j
