@@ -48,10 +48,19 @@ class SlowPlugin:
 
 def mean_step_seconds(async_scoring: bool, steps: int, out: Path) -> float:
     pm = PluginManager(extra_plugins=[SlowPlugin])
-    overrides = [f"run.output_dir={out}", f"train.steps={steps}", "rewards.0.name=slow_verifier",
-                 f"rollout.async_scoring={str(async_scoring).lower()}", "eval.prompts_file=null", "eval.samples=8",
-                 "eval.every=0", "eval.metric=null", "export.on_train_end=false", f"checkpoint.every={steps}",
-                 "logging.progress=false"]
+    overrides = [
+        f"run.output_dir={out}",
+        f"train.steps={steps}",
+        "rewards.0.name=slow_verifier",
+        f"rollout.async_scoring={str(async_scoring).lower()}",
+        "eval.prompts_file=null",
+        "eval.samples=8",
+        "eval.every=0",
+        "eval.metric=null",
+        "export.on_train_end=false",
+        f"checkpoint.every={steps}",
+        "logging.progress=false",
+    ]
     Trainer(resolve_config(load_config(QUICKSTART, overrides), pm), pm).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     times = [r["time/rollout"] + r["time/reward"] + r["time/train"] for r in rows if "time/train" in r]
@@ -67,12 +76,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         serial = mean_step_seconds(False, args.steps, Path(tmp) / "serial")
         overlapped = mean_step_seconds(True, args.steps, Path(tmp) / "async")
-    print(f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
-          f"torch {torch.__version__} ({torch.get_num_threads()} threads), no accelerator"
-          if not torch.accelerator.is_available() else f"hardware: {torch.accelerator.current_accelerator()}")
+    print(
+        f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), no accelerator"
+        if not torch.accelerator.is_available()
+        else f"hardware: {torch.accelerator.current_accelerator()}"
+    )
     print(f"quickstart model, batch 32, reward delay {args.delay:.1f} s per call, {args.steps - 1} steps each")
-    print(f"| scoring | mean step time | speed-up vs serial |\n|---|---|---|\n| serial | {serial:.2f} s | 1.00x |\n"
-          f"| async (overlapped) | {overlapped:.2f} s | {serial / overlapped:.2f}x |")
+    print(
+        f"| scoring | mean step time | speed-up vs serial |\n|---|---|---|\n| serial | {serial:.2f} s | 1.00x |\n"
+        f"| async (overlapped) | {overlapped:.2f} s | {serial / overlapped:.2f}x |"
+    )
 
 
 if __name__ == "__main__":

@@ -63,11 +63,22 @@ def weights_hash(run_dir: Path) -> str:
 def run(config: str, steps: int, folder: Path) -> dict[str, str]:
     run_dir = folder / config
     source, extra = VARIANTS.get(config, (config, []))
-    overrides = [f"train.steps={steps}", f"run.output_dir={run_dir}", "export.on_train_end=false",
-                 "logging.progress=false", *(f"{k}={v}" for k, v in SHORT.items()), *extra]
+    overrides = [
+        f"train.steps={steps}",
+        f"run.output_dir={run_dir}",
+        "export.on_train_end=false",
+        "logging.progress=false",
+        *(f"{k}={v}" for k, v in SHORT.items()),
+        *extra,
+    ]
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "gyremedia.cli", "train", source, *overrides], capture_output=True,
-                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "gyremedia.cli", "train", source, *overrides],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        check=False,
+    )
     seconds = f"{time.perf_counter() - started:.0f}"
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["?"])[-1]
@@ -87,8 +98,11 @@ def main() -> None:
         for name in names:
             rows.append(run(name, args.steps, Path(folder)))
             row = rows[-1]
-            print(f"| {row['config']} | {row['metrics']} | {row['weights']} | {row['seconds']} s |"
-                  + (f" {row['why']}" if "why" in row else ""), flush=True)
+            print(
+                f"| {row['config']} | {row['metrics']} | {row['weights']} | {row['seconds']} s |"
+                + (f" {row['why']}" if "why" in row else ""),
+                flush=True,
+            )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -61,29 +61,37 @@ def main() -> None:
     args = parser.parse_args()
     pm = PluginManager()
     with tempfile.TemporaryDirectory() as tmp:
-        config = resolve_config(load_config(args.config, [f"run.output_dir={tmp}", f"rollout.candidates={args.pool}",
-                                                          *args.overrides]), pm)
+        config = resolve_config(
+            load_config(args.config, [f"run.output_dir={tmp}", f"rollout.candidates={args.pool}", *args.overrides]), pm
+        )
         trainer = Trainer(config, pm)
         state = trainer.setup()
         r = trainer.core.rollout
         full = torch.cat([pool_rewards(trainer, s, r.num_steps, state.sampler) for s in range(args.rollouts)])
         rng = torch.Generator().manual_seed(0)
-        random = torch.stack([torch.randperm(args.pool, generator=rng)[:r.group_size] for _ in range(len(full))])
+        random = torch.stack([torch.randperm(args.pool, generator=rng)[: r.group_size] for _ in range(len(full))])
         oracle = full.gather(1, contrastive_subset(full, r.group_size)).std(dim=1).mean()
-        print(f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch "
-              f"{torch.__version__} ({torch.get_num_threads()} threads)")
-        print(f"{args.config.name} {' '.join(args.overrides)}: {len(full)} prompts x {args.pool} candidates; full quality "
-              f"= {config.sampler.name if config.sampler else 'the policy'} x {r.num_steps} steps, cheap = "
-              f"{config.eval_sampler.name if config.eval_sampler else 'the same'}; group_size {r.group_size}")
-        print("| candidate steps | Spearman cheap vs full | std of the chosen group's full rewards | random group | "
-              "oracle's choice | pool NFEs per prompt vs one stage |\n|---|---|---|---|---|---|")
+        print(
+            f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch "
+            f"{torch.__version__} ({torch.get_num_threads()} threads)"
+        )
+        print(
+            f"{args.config.name} {' '.join(args.overrides)}: {len(full)} prompts x {args.pool} candidates; full quality "
+            f"= {config.sampler.name if config.sampler else 'the policy'} x {r.num_steps} steps, cheap = "
+            f"{config.eval_sampler.name if config.eval_sampler else 'the same'}; group_size {r.group_size}"
+        )
+        print(
+            "| candidate steps | Spearman cheap vs full | std of the chosen group's full rewards | random group | "
+            "oracle's choice | pool NFEs per prompt vs one stage |\n|---|---|---|---|---|---|"
+        )
         for steps in args.steps:
-            cheap = torch.cat([pool_rewards(trainer, s, steps, trainer.eval_sampler)
-                               for s in range(args.rollouts)])
+            cheap = torch.cat([pool_rewards(trainer, s, steps, trainer.eval_sampler) for s in range(args.rollouts)])
             rho = np.nanmean([spearman(c, f) for c, f in zip(cheap, full) if c.std() > 0 and f.std() > 0])
             chosen = full.gather(1, contrastive_subset(cheap, r.group_size)).std(dim=1).mean()
-            print(f"| {steps} | {rho:.2f} | {chosen:.3f} | {full.gather(1, random).std(dim=1).mean():.3f} | "
-                  f"{oracle:.3f} | {args.pool * steps} + {r.group_size * r.num_steps} vs {r.group_size * r.num_steps} |")
+            print(
+                f"| {steps} | {rho:.2f} | {chosen:.3f} | {full.gather(1, random).std(dim=1).mean():.3f} | "
+                f"{oracle:.3f} | {args.pool * steps} + {r.group_size * r.num_steps} vs {r.group_size * r.num_steps} |"
+            )
 
 
 if __name__ == "__main__":

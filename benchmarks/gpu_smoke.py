@@ -32,15 +32,34 @@ from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
-COMMON = ["eval.prompts_file=null", "eval.samples=4", "eval.grid_size=4", "checkpoint.every=1000",
-          "export.on_train_end=false", "logging.progress=false"]
+COMMON = [
+    "eval.prompts_file=null",
+    "eval.samples=4",
+    "eval.grid_size=4",
+    "checkpoint.every=1000",
+    "export.on_train_end=false",
+    "logging.progress=false",
+]
 BF16_LORA = ["train.mixed_precision=bf16", "backbone.lora.enabled=true"]
-TINY = ["rollout.batch_size=8", "rollout.group_size=4", "rewards=[jpeg_compressibility]", "data.prompts_file=null",
-        "data.prompts=[a red circle, two green triangles]", "backbone.pretrained=null"]
+TINY = [
+    "rollout.batch_size=8",
+    "rollout.group_size=4",
+    "rewards=[jpeg_compressibility]",
+    "data.prompts_file=null",
+    "data.prompts=[a red circle, two green triangles]",
+    "backbone.pretrained=null",
+]
 # SD3.5 Medium's transformer shape: 24 joint blocks, 24 heads of 64, 16 latent channels; 64x64 latents = 512 px
-SD35_MEDIUM = ["backbone.tiny.num_layers=24", "backbone.tiny.num_attention_heads=24", "backbone.tiny.attention_head_dim=64",
-               "backbone.tiny.latent_channels=16", "backbone.tiny.latent_size=64", "backbone.tiny.vae_channels=[32,64,64,64]",
-               "backbone.tiny.text_hidden_size=384", "backbone.max_sequence_length=1"]
+SD35_MEDIUM = [
+    "backbone.tiny.num_layers=24",
+    "backbone.tiny.num_attention_heads=24",
+    "backbone.tiny.attention_head_dim=64",
+    "backbone.tiny.latent_channels=16",
+    "backbone.tiny.latent_size=64",
+    "backbone.tiny.vae_channels=[32,64,64,64]",
+    "backbone.tiny.text_hidden_size=384",
+    "backbone.max_sequence_length=1",
+]
 RUNS = {
     "quickstart_fp32": [],
     "quickstart_bf16_autocast": ["train.mixed_precision=bf16"],
@@ -49,8 +68,14 @@ RUNS = {
     "flux2_tiny": [*TINY, *BF16_LORA, "backbone={name: flux2}"],
     "wan_tiny": [*TINY, *BF16_LORA, "backbone={name: wan}"],
     "qwen_image_tiny": [*TINY, *BF16_LORA, "backbone={name: qwen_image}"],
-    "sd35_medium_shape": [*TINY, *BF16_LORA, "backbone.name=flow_matching", *SD35_MEDIUM, "rollout.batch_size=4",
-                          "rollout.group_size=2"],
+    "sd35_medium_shape": [
+        *TINY,
+        *BF16_LORA,
+        "backbone.name=flow_matching",
+        *SD35_MEDIUM,
+        "rollout.batch_size=4",
+        "rollout.group_size=2",
+    ],
 }
 RUNS["sd35_medium_shape_compiled"] = [*RUNS["sd35_medium_shape"], "train.compile=true"]
 LARGE = {"sd35_medium_shape", "sd35_medium_shape_compiled"}
@@ -87,8 +112,13 @@ def count_syncs(trainer: Trainer) -> list[Counter]:
 def run(name: str, overrides: list[str], steps: int, root: Path) -> dict[str, float]:
     """Train the quickstart's Flow-GRPO recipe with ``overrides`` for ``steps`` steps; its figures."""
     pm = PluginManager()
-    config = resolve_config(load_config(bundled_config("quickstart_grpo.yaml"),
-                                        [f"run.output_dir={root / name}", f"train.steps={steps}", *COMMON, *overrides]), pm)
+    config = resolve_config(
+        load_config(
+            bundled_config("quickstart_grpo.yaml"),
+            [f"run.output_dir={root / name}", f"train.steps={steps}", *COMMON, *overrides],
+        ),
+        pm,
+    )
     torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(config, pm)
     syncs = count_syncs(trainer)
@@ -99,11 +129,15 @@ def run(name: str, overrides: list[str], steps: int, root: Path) -> dict[str, fl
     later = steps_seen[1:] or steps_seen  # the first step pays for warm-up
     seconds = [m["time/rollout"] + m["time/reward"] + m["time/train"] for m in later]
     later_syncs = syncs[1:] or syncs
-    return {"ratio_first_step": steps_seen[0]["ratio"], "approx_kl_first_step": steps_seen[0]["approx_kl"],
-            "steps_per_s": len(seconds) / sum(seconds), "peak_memory_mb": torch.cuda.max_memory_allocated() / 2**20,
-            "transformer_parameters": sum(p.numel() for p in state.backbone.transformer.parameters()),
-            "host_syncs_per_step": sum(sum(c.values()) for c in later_syncs) / len(later_syncs),
-            "most_syncs": dict(sum(later_syncs, Counter()).most_common(5))}
+    return {
+        "ratio_first_step": steps_seen[0]["ratio"],
+        "approx_kl_first_step": steps_seen[0]["approx_kl"],
+        "steps_per_s": len(seconds) / sum(seconds),
+        "peak_memory_mb": torch.cuda.max_memory_allocated() / 2**20,
+        "transformer_parameters": sum(p.numel() for p in state.backbone.transformer.parameters()),
+        "host_syncs_per_step": sum(sum(c.values()) for c in later_syncs) / len(later_syncs),
+        "most_syncs": dict(sum(later_syncs, Counter()).most_common(5)),
+    }
 
 
 def main() -> int:
@@ -123,8 +157,17 @@ def main() -> int:
                 figures[name] = run(name, overrides, args.steps, Path(folder))
             except Exception as exc:  # noqa: BLE001 - report every run, including the ones that fail
                 figures[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                      "steps": args.steps, **figures}))
+    print(
+        json.dumps(
+            {
+                "device": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "cuda": torch.version.cuda,
+                "steps": args.steps,
+                **figures,
+            }
+        )
+    )
     return 0 if all("error" not in f for f in figures.values()) else 1
 
 

@@ -190,8 +190,15 @@ class PhaseMeter:
             try:
                 return original(*args, **kwargs)
             finally:
-                self.events.append({"step": self.step, "phase": f"{label} {count}" if numbered else label,
-                                    "rss_start": start, "rss_end": rss(), "peak": self.probe.peak()})
+                self.events.append(
+                    {
+                        "step": self.step,
+                        "phase": f"{label} {count}" if numbered else label,
+                        "rss_start": start,
+                        "rss_end": rss(),
+                        "peak": self.probe.peak(),
+                    }
+                )
                 self.probe.reset()
 
         setattr(owner, name, phase)
@@ -213,13 +220,23 @@ def measure(spec: dict) -> dict:
     heads, layers = SIZES[spec["size"]]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "memory.yaml"
-        path.write_text(CONFIG.format(run_dir=Path(tmp) / "run", t5_tokens=T5_TOKENS, latent=LATENT, layers=layers,
-                                      heads=heads, text_tokens=TEXT_TOKENS, batch=BATCH, group=GROUP,
-                                      transitions=TRANSITIONS, steps=spec["steps"],
-                                      checkpointing=str(spec["checkpointing"]).lower(),
-                                      lora=str(spec["mode"] == "lora").lower(),
-                                      precision=(", mixed_precision: bf16" if spec.get("mixed_precision") == "bf16"
-                                                 else "")))
+        path.write_text(
+            CONFIG.format(
+                run_dir=Path(tmp) / "run",
+                t5_tokens=T5_TOKENS,
+                latent=LATENT,
+                layers=layers,
+                heads=heads,
+                text_tokens=TEXT_TOKENS,
+                batch=BATCH,
+                group=GROUP,
+                transitions=TRANSITIONS,
+                steps=spec["steps"],
+                checkpointing=str(spec["checkpointing"]).lower(),
+                lora=str(spec["mode"] == "lora").lower(),
+                precision=(", mixed_precision: bf16" if spec.get("mixed_precision") == "bf16" else ""),
+            )
+        )
         pm = PluginManager()
         trainer = Trainer(resolve_config(load_config(path), pm), pm)
         state = trainer.setup()
@@ -236,8 +253,11 @@ def measure(spec: dict) -> dict:
         def count_tokens(_, args, kwargs):
             hidden, text = kwargs["hidden_states"], kwargs["encoder_hidden_states"]
             if torch.is_grad_enabled():
-                tokens.update(batch=hidden.shape[0], image=(hidden.shape[-1] // PATCH) * (hidden.shape[-2] // PATCH),
-                              text=text.shape[1])
+                tokens.update(
+                    batch=hidden.shape[0],
+                    image=(hidden.shape[-1] // PATCH) * (hidden.shape[-2] // PATCH),
+                    text=text.shape[1],
+                )
 
         module.register_forward_pre_hook(count_tokens, with_kwargs=True)
         meter = PhaseMeter(probe)
@@ -275,20 +295,34 @@ def measure(spec: dict) -> dict:
     # what the process kept beyond the AdamW states after its first step: first-call caches, autograd threads
     after_first = next((e["rss_start"] for e in events if e["step"] == 1), None)
     return {
-        **spec, "heads": heads, "layers": layers, "width": heads * 64, "params": total, "trainable": trainable,
-        "frozen_parts_params": frozen_parts, "tokens": tokens, "micro_steps": len(forwards),
-        "weights_bytes": weight_bytes, "grads_bytes": trainable_bytes, "adamw_bytes": 2 * trainable_bytes,
+        **spec,
+        "heads": heads,
+        "layers": layers,
+        "width": heads * 64,
+        "params": total,
+        "trainable": trainable,
+        "frozen_parts_params": frozen_parts,
+        "tokens": tokens,
+        "micro_steps": len(forwards),
+        "weights_bytes": weight_bytes,
+        "grads_bytes": trainable_bytes,
+        "adamw_bytes": 2 * trainable_bytes,
         # what the last step's first backward left (activations freed, gradients kept); what the first AdamW step kept
         "grads_measured": backward_1["rss_end"] - forward_1["rss_start"],
         "adamw_measured": adam_step["rss_end"] - adam_step["rss_start"],
         "activations": max(e["rss_end"] - e["rss_start"] for e in forwards),
-        "first_step_growth": (None if after_first is None
-                              else after_first - baseline - (adam_step["rss_end"] - adam_step["rss_start"])),
-        "baseline_rss": baseline, "peak_rss": peak, "peak": peak - baseline,
+        "first_step_growth": (
+            None if after_first is None else after_first - baseline - (adam_step["rss_end"] - adam_step["rss_start"])
+        ),
+        "baseline_rss": baseline,
+        "peak_rss": peak,
+        "peak": peak - baseline,
         "peak_phase": f"step {top['step'] + 1} {top['phase']}" if top["peak"] >= meter.gap_peak else "between stages",
-        "step_seconds": seconds, "grad_norm": [m.get("grad_norm") for m in metrics], "method": probe.method,
-        "self_check": self_check, "events": [{**e, **{k: e[k] - baseline for k in ("rss_start", "rss_end", "peak")}}
-                                             for e in events],
+        "step_seconds": seconds,
+        "grad_norm": [m.get("grad_norm") for m in metrics],
+        "method": probe.method,
+        "self_check": self_check,
+        "events": [{**e, **{k: e[k] - baseline for k in ("rss_start", "rss_end", "peak")}} for e in events],
     }
 
 
@@ -297,8 +331,9 @@ def measure(spec: dict) -> dict:
 
 def run_one(spec: dict) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], env=env, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(spec)], env=env, capture_output=True, text=True
+    )
     if done.returncode:
         raise RuntimeError(f"{spec} failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -402,21 +437,28 @@ def extrapolate(results: list[dict]) -> list[str]:
     measured_bf16 = any(f["bf16"] for f in fits.values())
     suffix, scale = (" bf16", 1.0) if measured_bf16 else ("", 0.5)
     source = "measured in bf16" if measured_bf16 else "the fp32 measurement halved"
-    lines = [f"| model | mode | weights | grads | AdamW | bf16 weight copies | activations per sample ({source}): "
-             "no ckpt / ckpt | total, 1 sample: no ckpt / ckpt |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| model | mode | weights | grads | AdamW | bf16 weight copies | activations per sample ({source}): "
+        "no ckpt / ckpt | total, 1 sample: no ckpt / ckpt |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, (params, blocks, width, tokens, adapters) in TARGETS.items():
         for mode in ("full", "lora"):
             weights = 4 * params if mode == "full" else 2 * params + 4 * adapters
             trainable = params if mode == "full" else adapters
             grads, adamw, copies = 4 * trainable, 8 * trainable, 2 * params if mode == "full" else 0
             plain, ckpt = fits.get(mode + suffix), fits.get(mode + " + ckpt" + suffix)
-            acts = [plain["k"] * blocks * tokens * width * scale if plain else None,
-                    (ckpt["k"] * blocks + plain["k"]) * tokens * width * scale if plain and ckpt else None]
+            acts = [
+                plain["k"] * blocks * tokens * width * scale if plain else None,
+                (ckpt["k"] * blocks + plain["k"]) * tokens * width * scale if plain and ckpt else None,
+            ]
             fixed = weights + grads + adamw + copies
             what = mode if mode == "full" else f"lora r8 ({adapters / 1e6:.1f} M)"
-            lines.append(f"| {name} ({params / 1e9:g} B) | {what} | {gib(weights)} | {gib(grads)} | {gib(adamw)} "
-                         f"| {gib(copies) if copies else '-'} | {' / '.join(gib(a) if a else 'n/a' for a in acts)} "
-                         f"| {' / '.join(gib(fixed + a) if a else 'n/a' for a in acts)} |")
+            lines.append(
+                f"| {name} ({params / 1e9:g} B) | {what} | {gib(weights)} | {gib(grads)} | {gib(adamw)} "
+                f"| {gib(copies) if copies else '-'} | {' / '.join(gib(a) if a else 'n/a' for a in acts)} "
+                f"| {' / '.join(gib(fixed + a) if a else 'n/a' for a in acts)} |"
+            )
     return lines
 
 
@@ -424,54 +466,78 @@ def report(results: list[dict]) -> list[str]:
     import torch
 
     precisions = sorted({"bf16 autocast" if is_bf16(r) else "fp32" for r in results})
-    lines = [f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores ({platform.processor() or 'cpu'}), torch "
-             f"{torch.__version__} ({results[0]['threads']} threads), no accelerator; {' and '.join(precisions)}; "
-             f"peaks by {results[0]['method']}, glibc MALLOC_MMAP_THRESHOLD_=65536",
-             f"per step: rollout of {BATCH} samples (groups of {GROUP}), {TRANSITIONS} flow_sde transitions, "
-             f"{results[0]['micro_steps']} GRPO micro-steps of forward + backward over {results[0]['tokens']['batch']} "
-             f"samples x {results[0]['tokens']['image']} image + {results[0]['tokens']['text']} text tokens, "
-             f"one AdamW step; figures in MiB; peak = highest RSS over {results[0]['steps']} steps - RSS before the "
-             "first; step time = the fastest step after the first",
-             "",
-             "| transformer | mode | params | trainable | weights | grads | AdamW | activations | peak "
-             "| peak - grads - AdamW | peak at | step time |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores ({platform.processor() or 'cpu'}), torch "
+        f"{torch.__version__} ({results[0]['threads']} threads), no accelerator; {' and '.join(precisions)}; "
+        f"peaks by {results[0]['method']}, glibc MALLOC_MMAP_THRESHOLD_=65536",
+        f"per step: rollout of {BATCH} samples (groups of {GROUP}), {TRANSITIONS} flow_sde transitions, "
+        f"{results[0]['micro_steps']} GRPO micro-steps of forward + backward over {results[0]['tokens']['batch']} "
+        f"samples x {results[0]['tokens']['image']} image + {results[0]['tokens']['text']} text tokens, "
+        f"one AdamW step; figures in MiB; peak = highest RSS over {results[0]['steps']} steps - RSS before the "
+        "first; step time = the fastest step after the first",
+        "",
+        "| transformer | mode | params | trainable | weights | grads | AdamW | activations | peak "
+        "| peak - grads - AdamW | peak at | step time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         lines.append(
             f"| {r['size']} ({r['heads']}x64 wide, {r['layers']} blocks) | {label(r)} | {r['params'] / 1e6:.1f} M "
             f"| {r['trainable'] / 1e6:.2f} M | {mb(r['weights_bytes'])} | {mb(r['grads_bytes'])} "
             f"| {mb(r['adamw_bytes'])} "
             f"| {mb(r['activations'])} | {mb(r['peak'])} | {mb(r['peak'] - r['grads_bytes'] - r['adamw_bytes'])} "
-            f"| {r['peak_phase']} | {step_time(r):.2f} s |")
-    ratios = [(f"{r['size']} {label(r)}", r["grads_measured"] / r["grads_bytes"],
-               r["adamw_measured"] / r["adamw_bytes"]) for r in results if r["mode"] == "full"]
+            f"| {r['peak_phase']} | {step_time(r):.2f} s |"
+        )
+    ratios = [
+        (f"{r['size']} {label(r)}", r["grads_measured"] / r["grads_bytes"], r["adamw_measured"] / r["adamw_bytes"])
+        for r in results
+        if r["mode"] == "full"
+    ]
     if ratios:
-        lines += ["", "check, measured / analytic gradients and AdamW states: " + ", ".join(
-            f"{name} {g:.3f} / {a:.3f}" for name, g, a in ratios)]
+        lines += [
+            "",
+            "check, measured / analytic gradients and AdamW states: "
+            + ", ".join(f"{name} {g:.3f} / {a:.3f}" for name, g, a in ratios),
+        ]
     fp32 = {(r["size"], r["mode"], r["checkpointing"]): r for r in results if not is_bf16(r)}
-    pairs = [(r, fp32[(r["size"], r["mode"], r["checkpointing"])]) for r in results
-             if is_bf16(r) and (r["size"], r["mode"], r["checkpointing"]) in fp32]
+    pairs = [
+        (r, fp32[(r["size"], r["mode"], r["checkpointing"])])
+        for r in results
+        if is_bf16(r) and (r["size"], r["mode"], r["checkpointing"]) in fp32
+    ]
     if pairs:
-        lines += ["", "check, bf16 / fp32 activations (less the bf16 weight copies): " + ", ".join(
-            f"{r['size']} {label(r)} {net_activations(r) / f['activations']:.2f}" for r, f in pairs)]
+        lines += [
+            "",
+            "check, bf16 / fp32 activations (less the bf16 weight copies): "
+            + ", ".join(f"{r['size']} {label(r)} {net_activations(r) / f['activations']:.2f}" for r, f in pairs),
+        ]
     fits = activation_fits(results)
-    lines += ["", "units = samples x tokens x blocks x width of the trained forward; net activations = activations "
-                  "less, for a full fine-tune in bf16 without checkpointing, the 2 x trainable bytes of autocast's "
-                  "weight copies saved for the backward",
-              "", "| mode | peak = a + b x params | R^2 | peak - grads - AdamW = a + c x units | R^2 "
-                  "| net activations = a + k x units | R^2 | backward on top, per sample x token x channel |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "units = samples x tokens x blocks x width of the trained forward; net activations = activations "
+        "less, for a full fine-tune in bf16 without checkpointing, the 2 x trainable bytes of autocast's "
+        "weight copies saved for the backward",
+        "",
+        "| mode | peak = a + b x params | R^2 | peak - grads - AdamW = a + c x units | R^2 "
+        "| net activations = a + k x units | R^2 | backward on top, per sample x token x channel |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for key in dict.fromkeys(label(r) for r in results):
         rows = [r for r in results if label(r) == key]
         a, b, r2 = fit([r["params"] for r in rows], [r["peak"] for r in rows])
         a2, c, r22 = fit([units(r) for r in rows], [r["peak"] - r["grads_bytes"] - r["adamw_bytes"] for r in rows])
         f = fits[key]
         size, kind = (2, "bf16") if f["bf16"] else (4, "fp32")
-        lines.append(f"| {key} | {a / MiB:,.0f} MiB + {b:.2f} B x params | {r2:.4f} | {a2 / MiB:,.0f} MiB + {c:.1f} B "
-                     f"x units | {r22:.4f} | {f['a'] / MiB:,.1f} MiB + {f['k']:.1f} B x units (= {f['k'] / size:.1f} "
-                     f"{kind} values) | {f['r2']:.4f} | up to {f['overshoot']:.0f} B |")
-    lines += ["", "paper extrapolation, bf16 training at 1024 x 1024 (see docs/benchmarks.md for the assumptions):",
-              *extrapolate(results)]
+        lines.append(
+            f"| {key} | {a / MiB:,.0f} MiB + {b:.2f} B x params | {r2:.4f} | {a2 / MiB:,.0f} MiB + {c:.1f} B "
+            f"x units | {r22:.4f} | {f['a'] / MiB:,.1f} MiB + {f['k']:.1f} B x units (= {f['k'] / size:.1f} "
+            f"{kind} values) | {f['r2']:.4f} | up to {f['overshoot']:.0f} B |"
+        )
+    lines += [
+        "",
+        "paper extrapolation, bf16 training at 1024 x 1024 (see docs/benchmarks.md for the assumptions):",
+        *extrapolate(results),
+    ]
     return lines
 
 
@@ -485,14 +551,26 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help=f"only {' and '.join(QUICK)} (under ~2 minutes)")
     parser.add_argument("--modes", nargs="+", choices=["full", "lora"], default=["full", "lora"])
     parser.add_argument("--checkpointing", nargs="+", choices=["off", "on"], default=["off", "on"])
-    parser.add_argument("--steps", type=int, default=3,
-                        help="steps per configuration (peak over all; time: the fastest after the first)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help="steps per configuration (peak over all; time: the fastest after the first)",
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--mixed-precision", choices=["none", "bf16"], default="none",
-                        help="train.mixed_precision (bf16: autocast, fp32 master weights, LoRA's base in bf16)")
+    parser.add_argument(
+        "--mixed-precision",
+        choices=["none", "bf16"],
+        default="none",
+        help="train.mixed_precision (bf16: autocast, fp32 master weights, LoRA's base in bf16)",
+    )
     parser.add_argument("--json", type=Path, help="write every figure (and each phase's RSS) here")
-    parser.add_argument("--report", type=Path, nargs="+",
-                        help="print the tables of --json files again (their runs joined), measuring nothing")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        help="print the tables of --json files again (their runs joined), measuring nothing",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps < 1:
@@ -508,12 +586,22 @@ def main() -> int:
     for size in sizes:
         for mode in args.modes:
             for ckpt in args.checkpointing:
-                spec = {"size": size, "mode": mode, "checkpointing": ckpt == "on", "steps": args.steps,
-                        "threads": args.threads, "mixed_precision": args.mixed_precision}
+                spec = {
+                    "size": size,
+                    "mode": mode,
+                    "checkpointing": ckpt == "on",
+                    "steps": args.steps,
+                    "threads": args.threads,
+                    "mixed_precision": args.mixed_precision,
+                }
                 start = time.perf_counter()
                 results.append(run_one(spec))
-                print(f"{size} {mode} checkpointing {ckpt}: peak {results[-1]['peak'] / MiB:,.0f} MiB "
-                      f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+                print(
+                    f"{size} {mode} checkpointing {ckpt}: peak {results[-1]['peak'] / MiB:,.0f} MiB "
+                    f"({time.perf_counter() - start:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
     print("\n".join(report(results)))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -48,8 +48,10 @@ FLOW_GRPO = CONFIGS / "quickstart_grpo.yaml"
 #: were measured on it, so their entries keep it.
 LR_2E4 = "train.learning_rate=2.0e-4"
 #: Flow-GRPO's objective settings, trained on tree rollouts: every tree node once (dedup), per-depth normalisation.
-TREE_GRPO = ("objective={name: tree_grpo, clip_range: 1.0e-4, transition_selection: first, timestep_fraction: 0.3, "
-             "skip_zero_advantage: true, dedup: true, normalize_depth: true}")
+TREE_GRPO = (
+    "objective={name: tree_grpo, clip_range: 1.0e-4, transition_selection: first, timestep_fraction: 0.3, "
+    "skip_zero_advantage: true, dedup: true, normalize_depth: true}"
+)
 #: Two trees per group, each from its own initial noise, splitting in 2 at transitions 0 and 1 (8 leaves).
 TWO_ROOTS = ("rollout.branch_steps=[0, 1]", "rollout.branch_width=2", "rollout.branch_roots=2")
 #: objective name -> (config, overrides, default steps); the baseline first: Flow-GRPO's recipe as its code trains it.
@@ -62,9 +64,15 @@ OBJECTIVES = {
     "flow_grpo_first2": (FLOW_GRPO, [LR_2E4, "objective.timestep_fraction=0.2"], 150),
     # MixGRPO: SDE only inside a 3-step window that moves one index every 25 steps, ODE elsewhere;
     # every stochastic transition (the window's) is trained.
-    "mixgrpo": (FLOW_GRPO, [LR_2E4,
-                            "sampler={name: window, noise_level: 0.7, size: 3, schedule: progressive, shift_every: 25}",
-                            "objective.timestep_fraction=1.0"], 150),
+    "mixgrpo": (
+        FLOW_GRPO,
+        [
+            LR_2E4,
+            "sampler={name: window, noise_level: 0.7, size: 3, schedule: progressive, shift_every: 25}",
+            "objective.timestep_fraction=1.0",
+        ],
+        150,
+    ),
     # TreeGRPO on Flow-GRPO's recipe: the 3 trained transitions are the branch points (8 leaves per tree),
     # each tree node trained once (dedup), advantages normalised per tree and depth.
     "tree_grpo": (FLOW_GRPO, [LR_2E4, TREE_GRPO, "rollout.branch_steps=[0, 1, 2]", "rollout.branch_width=2"], 150),
@@ -78,13 +86,20 @@ OBJECTIVES = {
     "tree_grpo_skip_leaves": (FLOW_GRPO, [LR_2E4, TREE_GRPO, *TWO_ROOTS, "objective.skip_steps=[2]"], 150),
     # Two trees per group splitting at transitions 1 and 2: transition 0 is shared by each tree's 4 leaves, so a
     # group samples and trains fewer rows (14 nodes trained, against 20 splitting at 0 and 1).
-    "tree_grpo_later_splits": (FLOW_GRPO, [LR_2E4, TREE_GRPO, "rollout.branch_steps=[1, 2]", "rollout.branch_width=2",
-                                           "rollout.branch_roots=2"], 150),
+    "tree_grpo_later_splits": (
+        FLOW_GRPO,
+        [LR_2E4, TREE_GRPO, "rollout.branch_steps=[1, 2]", "rollout.branch_width=2", "rollout.branch_roots=2"],
+        150,
+    ),
     "nft": (CONFIGS / "quickstart.yaml", [], 100),
     # Sol-RL's two-stage rollouts on DiffusionNFT: per prompt 16 initial noises sampled with 5 ODE steps and
     # scored; the 4 best and 4 worst are sampled again at full quality and trained on.
     "nft_two_stage": (CONFIGS / "quickstart.yaml", ["rollout.candidates=16", "rollout.candidate_steps=5"], 100),
-    "awm": (CONFIGS / "quickstart.yaml", ["objective={name: awm}", "sampler={name: ode}", "train.learning_rate=1e-4"], 100),
+    "awm": (
+        CONFIGS / "quickstart.yaml",
+        ["objective={name: awm}", "sampler={name: ode}", "train.learning_rate=1e-4"],
+        100,
+    ),
 }
 ACCURACY = "eval/shapes_verifier/correct"
 
@@ -119,8 +134,15 @@ class CountingTrainer(Trainer):
             metrics = super().evaluate(step)
         finally:
             self.counting = True
-        self.curve.append({"step": step, "nfe": self.nfe, "seconds": self.seconds, "accuracy": metrics[ACCURACY],
-                           "diversity": metrics.get("eval/diversity")})
+        self.curve.append(
+            {
+                "step": step,
+                "nfe": self.nfe,
+                "seconds": self.seconds,
+                "accuracy": metrics[ACCURACY],
+                "diversity": metrics.get("eval/diversity"),
+            }
+        )
         return metrics
 
 
@@ -130,9 +152,16 @@ def run(objective: str, seed: int, steps: int | None, eval_every: int, out: Path
     config, objective_overrides, default_steps = OBJECTIVES[objective]
     steps = steps or default_steps
     pm = PluginManager()
-    overrides = [f"run.output_dir={out}", f"run.seed={seed}", f"train.steps={steps}", f"eval.every={eval_every}",
-                 "export.on_train_end=false", f"checkpoint.every={steps}", "logging.progress=false",
-                 *objective_overrides]
+    overrides = [
+        f"run.output_dir={out}",
+        f"run.seed={seed}",
+        f"train.steps={steps}",
+        f"eval.every={eval_every}",
+        "export.on_train_end=false",
+        f"checkpoint.every={steps}",
+        "logging.progress=false",
+        *objective_overrides,
+    ]
     trainer = CountingTrainer(resolve_config(load_config(config, overrides), pm), pm)
     trainer.train()
     return trainer.curve
@@ -190,22 +219,41 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel, one process and one torch thread each")
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--gain", type=float, default=10.0, help="target: base accuracy + this many points")
-    parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES),
-                        help="objectives to run; the first is the baseline of the printed ratios")
+    parser.add_argument(
+        "--objectives",
+        nargs="+",
+        default=list(OBJECTIVES),
+        choices=list(OBJECTIVES),
+        help="objectives to run; the first is the baseline of the printed ratios",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/objectives.json"))
-    parser.add_argument("--report", type=Path, nargs="+", default=None,
-                        help="print the table for the curves in these JSON files (earlier runs' --out) instead of running")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="print the table for the curves in these JSON files (earlier runs' --out) instead of running",
+    )
     args = parser.parse_args()
     if args.report:
         report(merged_curves(args.report), args.gain, f"the curves of {', '.join(map(str, args.report))}")
         return
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-        futures = {objective: [pool.submit(run, objective, seed, args.steps, args.eval_every, Path(tmp) / f"{objective}-{seed}")
-                               for seed in args.seeds] for objective in args.objectives}
+        futures = {
+            objective: [
+                pool.submit(run, objective, seed, args.steps, args.eval_every, Path(tmp) / f"{objective}-{seed}")
+                for seed in args.seeds
+            ]
+            for objective in args.objectives
+        }
         curves = {objective: [f.result() for f in runs] for objective, runs in futures.items()}
-    print(f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
-          f"(one thread per run){'' if not torch.accelerator.is_available() else ', ' + str(torch.accelerator.current_accelerator())}")
-    summary = report(curves, args.gain, f"seeds {args.seeds}, {args.jobs} run(s) in parallel, eval every {args.eval_every}")
+    print(
+        f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
+        f"(one thread per run){'' if not torch.accelerator.is_available() else ', ' + str(torch.accelerator.current_accelerator())}"
+    )
+    summary = report(
+        curves, args.gain, f"seeds {args.seeds}, {args.jobs} run(s) in parallel, eval every {args.eval_every}"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**summary, "curves": curves}, indent=1))
     plot(curves, summary["target"], args.out.with_suffix(".png"))
@@ -233,28 +281,36 @@ def report(curves: dict[str, list[list[dict]]], gain: float, how: str) -> dict[s
             "final_gains": [c[-1]["accuracy"] - c[0]["accuracy"] for c in runs],
         }
     steps = {o: runs[0][-1]["step"] for o, runs in curves.items()}
-    print(f"quickstart world, {how}, steps {steps}; base held-out accuracy {100 * base:.1f}%, target "
-          f"{100 * target:.1f}%, NFE budget {budget:,} (the largest every run covers)")
+    print(
+        f"quickstart world, {how}, steps {steps}; base held-out accuracy {100 * base:.1f}%, target "
+        f"{100 * target:.1f}%, NFE budget {budget:,} (the largest every run covers)"
+    )
     ref = rows[baseline]
-    print(f"| objective | reached target | NFEs to target | vs {baseline} | seconds to target | vs {baseline} "
-          f"| NFEs where the seeds' mean reaches it | vs {baseline} | NFEs per step | accuracy at budget "
-          f"| gain at the end (per seed, points) | diversity |")
+    print(
+        f"| objective | reached target | NFEs to target | vs {baseline} | seconds to target | vs {baseline} "
+        f"| NFEs where the seeds' mean reaches it | vs {baseline} | NFEs per step | accuracy at budget "
+        f"| gain at the end (per seed, points) | diversity |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for objective, row in rows.items():
+
         def ratio(key):
             if row[key] is None:
                 return "n/a"
             baseline_cost, exact = ref[key.replace("_to_target", "_cost")]
             return f"{'' if exact else '>= '}{baseline_cost / row[key]:.1f}x"
+
         nfe = f"{row['nfe_to_target']:,.0f}" if row["nfe_to_target"] is not None else "not in every seed"
         sec = f"{row['seconds_to_target']:.0f} s" if row["seconds_to_target"] is not None else "not in every seed"
         on_mean, ref_mean = row["mean_curve_nfe_to_target"], ref["mean_curve_nfe_to_target"]
         mean_nfe = f"{on_mean:,.0f}" if on_mean is not None else "never"
         mean_ratio = f"{ref_mean / on_mean:.2f}x" if on_mean and ref_mean else "n/a"
-        print(f"| {objective} | {row['reached']}/{len(curves[objective])} | {nfe} | {ratio('nfe_to_target')} | {sec} | "
-              f"{ratio('seconds_to_target')} | {mean_nfe} | {mean_ratio} | {row['nfe_per_step']:.0f} | "
-              f"{100 * row['accuracy_at_budget']:.1f}% | {' / '.join(f'{100 * g:+.1f}' for g in row['final_gains'])} | "
-              f"{row['final_diversity']:.3f} |")
+        print(
+            f"| {objective} | {row['reached']}/{len(curves[objective])} | {nfe} | {ratio('nfe_to_target')} | {sec} | "
+            f"{ratio('seconds_to_target')} | {mean_nfe} | {mean_ratio} | {row['nfe_per_step']:.0f} | "
+            f"{100 * row['accuracy_at_budget']:.1f}% | {' / '.join(f'{100 * g:+.1f}' for g in row['final_gains'])} | "
+            f"{row['final_diversity']:.3f} |"
+        )
     print("per-seed held-out accuracy (%) at each evaluation:")
     for objective, runs in curves.items():
         print(f"  {objective}: " + " | ".join(" ".join(f"{100 * p['accuracy']:.1f}" for p in c) for c in runs))
@@ -270,8 +326,15 @@ def plot(curves: dict[str, list[list[dict]]], target: float, path: Path) -> None
     fig, ax = plt.subplots(figsize=(6, 4))
     for objective, runs in curves.items():
         for i, curve in enumerate(runs):
-            ax.plot([p["nfe"] for p in curve], [100 * p["accuracy"] for p in curve], marker="o", markersize=3,
-                    color=f"C{list(curves).index(objective)}", alpha=0.8, label=objective if i == 0 else None)
+            ax.plot(
+                [p["nfe"] for p in curve],
+                [100 * p["accuracy"] for p in curve],
+                marker="o",
+                markersize=3,
+                color=f"C{list(curves).index(objective)}",
+                alpha=0.8,
+                label=objective if i == 0 else None,
+            )
     ax.axhline(100 * target, color="grey", linestyle="--", label="target")
     ax.set_xlabel("transformer forward passes per run (NFEs, evaluation excluded)")
     ax.set_ylabel("held-out accuracy (%)")

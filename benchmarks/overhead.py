@@ -62,6 +62,7 @@ class StepClock:
 
     def timed(self, phase: str, function: Callable[..., Any]) -> Callable[..., Any]:
         """``function``, its calls on the main thread booked to ``phase`` (a prefetch thread's are hidden)."""
+
         @functools.wraps(function)
         def wrapper(*args, **kwargs):
             if threading.current_thread() is not threading.main_thread():
@@ -71,6 +72,7 @@ class StepClock:
                 return function(*args, **kwargs)
             finally:
                 self.seconds[phase] += self.now() - start
+
         return wrapper
 
     def watch_forward(self, module: torch.nn.Module) -> None:
@@ -80,6 +82,7 @@ class StepClock:
 
         def forward_done(*_):
             self.seconds["forward"] += self.now() - starts.pop()
+
         module.register_forward_hook(forward_done)
 
     def watch_module(self, module: torch.nn.Module) -> None:
@@ -89,6 +92,7 @@ class StepClock:
         def backward_begins(*_):
             if self.backward_start is None:
                 self.backward_start = self.now()
+
         module.register_full_backward_pre_hook(backward_begins)
         for parameter in module.parameters():
             if parameter.requires_grad:
@@ -96,6 +100,7 @@ class StepClock:
 
     def watch_backward(self, backward: Callable[..., Any]) -> Callable[..., Any]:
         """Wrap ``accelerator.backward``: after it returns, book the module's share of it."""
+
         @functools.wraps(backward)
         def wrapper(*args, **kwargs):
             self.backward_start = self.last_grad = None
@@ -103,14 +108,22 @@ class StepClock:
             if self.backward_start is not None and self.last_grad is not None:
                 self.seconds["backward"] += self.last_grad - self.backward_start
             return result
+
         return wrapper
 
 
-def measure(config_path: Path, overrides: list[str], steps: int, warmup: int, out: Path,
-            prefetch: bool = True) -> dict[str, Any]:
+def measure(
+    config_path: Path, overrides: list[str], steps: int, warmup: int, out: Path, prefetch: bool = True
+) -> dict[str, Any]:
     pm = PluginManager()
-    overrides = [f"run.output_dir={out}", f"train.steps={warmup + steps}", "eval.every=0", "logging.progress=false",
-                 "export.on_train_end=false", *overrides]
+    overrides = [
+        f"run.output_dir={out}",
+        f"train.steps={warmup + steps}",
+        "eval.every=0",
+        "logging.progress=false",
+        "export.on_train_end=false",
+        *overrides,
+    ]
     trainer = Trainer(resolve_config(load_config(config_path, overrides), pm), pm)
     if trainer.core.train.compile:  # its hooks would be traced into the compiled graph, or break it
         raise SystemExit("overhead.py times the eager model's forwards with hooks: leave train.compile off")
@@ -141,8 +154,12 @@ def measure(config_path: Path, overrides: list[str], steps: int, warmup: int, ou
     seconds = dict(clock.seconds)
     seconds["other"] = total - sum(seconds.values())
     outside = total - seconds["forward"] - seconds["backward"]
-    return {"overhead_fraction": outside / total, "step_seconds": total / steps, "steps": steps,
-            "shares": {k: v / total for k, v in seconds.items()}}
+    return {
+        "overhead_fraction": outside / total,
+        "step_seconds": total / steps,
+        "steps": steps,
+        "shares": {k: v / total for k, v in seconds.items()},
+    }
 
 
 def main() -> None:
@@ -150,26 +167,40 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=QUICKSTART)
     parser.add_argument("--steps", type=int, default=6, help="timed steps")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    parser.add_argument("--no-prefetch", action="store_true", help="encode each step's prompts when it starts, "
-                        "not in a background thread during the step before")
+    parser.add_argument(
+        "--no-prefetch",
+        action="store_true",
+        help="encode each step's prompts when it starts, not in a background thread during the step before",
+    )
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(open(os.devnull, "w")):
         result = measure(args.config, args.overrides, args.steps, args.warmup, Path(tmp), not args.no_prefetch)
-    device = (f"{torch.accelerator.current_accelerator()}" if torch.accelerator.is_available() else "no accelerator")
-    print(f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads), {device}")
-    print(f"{args.config.name} {' '.join(args.overrides)}{' (no prefetch)' if args.no_prefetch else ''}: "
-          f"{args.steps} steps after {args.warmup} warm-up, "
-          f"{result['step_seconds']:.2f} s per step")
+    device = f"{torch.accelerator.current_accelerator()}" if torch.accelerator.is_available() else "no accelerator"
+    print(
+        f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads), {device}"
+    )
+    print(
+        f"{args.config.name} {' '.join(args.overrides)}{' (no prefetch)' if args.no_prefetch else ''}: "
+        f"{args.steps} steps after {args.warmup} warm-up, "
+        f"{result['step_seconds']:.2f} s per step"
+    )
     print("| phase | share of step time |\n|---|---|")
     for phase, share in sorted(result["shares"].items(), key=lambda kv: -kv[1]):
         print(f"| {phase} | {100 * share:.1f}% |")
-    print(json.dumps({"overhead_fraction": round(result["overhead_fraction"], 4),
-                      "shares": {k: round(v, 4) for k, v in result["shares"].items()},
-                      "step_seconds": round(result["step_seconds"], 3), "config": args.config.name,
-                      "prefetch": not args.no_prefetch,
-                      "overrides": args.overrides}))
+    print(
+        json.dumps(
+            {
+                "overhead_fraction": round(result["overhead_fraction"], 4),
+                "shares": {k: round(v, 4) for k, v in result["shares"].items()},
+                "step_seconds": round(result["step_seconds"], 3),
+                "config": args.config.name,
+                "prefetch": not args.no_prefetch,
+                "overrides": args.overrides,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -94,8 +94,9 @@ def best_of(repeats: int, function) -> tuple[float, object]:
 def trainer_on(config: Path, tmp: str, *overrides: str) -> Trainer:
     """A set-up trainer on ``config`` with the ``overrides``, writing under ``tmp``, no progress bars."""
     pm = PluginManager()
-    trainer = Trainer(resolve_config(load_config(config, [f"run.output_dir={tmp}", "logging.progress=false",
-                                                          *overrides]), pm), pm)
+    trainer = Trainer(
+        resolve_config(load_config(config, [f"run.output_dir={tmp}", "logging.progress=false", *overrides]), pm), pm
+    )
     trainer.setup()
     return trainer
 
@@ -103,8 +104,9 @@ def trainer_on(config: Path, tmp: str, *overrides: str) -> Trainer:
 def quickstart(config: Path, batch: int, tmp: str, *extra: str):
     """A trainer on ``config`` (batch ``batch``, no KL, one minibatch, then the ``extra`` overrides), its state,
     and step 0's prompts, their conditions and initial noise."""
-    trainer = trainer_on(config, tmp, "regularizers=[]", "train.num_minibatches=1", f"rollout.batch_size={batch}",
-                         *extra)
+    trainer = trainer_on(
+        config, tmp, "regularizers=[]", "train.num_minibatches=1", f"rollout.batch_size={batch}", *extra
+    )
     state = trainer.state
     prompts = trainer.rollout_request(0).prompts
     ids = list(range(len(prompts)))
@@ -131,13 +133,21 @@ def ours_sample(state, conditions, ids):
     """gyremedia's rollout of the batch (the run's sampler), decoded as the trainer decodes it."""
     backbone = state.backbone
     states, log_probs, sigmas = sample_trajectories(
-        backbone, state.sampler, conditions, initial_generators=sample_generators(0, 0, Stream.INITIAL_NOISE, ids),
-        step_generators=sample_generators(0, 0, Stream.STEP_NOISE, ids), num_steps=STEPS, guidance_scale=1.0)
+        backbone,
+        state.sampler,
+        conditions,
+        initial_generators=sample_generators(0, 0, Stream.INITIAL_NOISE, ids),
+        step_generators=sample_generators(0, 0, Stream.STEP_NOISE, ids),
+        num_steps=STEPS,
+        guidance_scale=1.0,
+    )
     backbone.decode(states[:, -1])
     return states, log_probs, sigmas
 
 
-def flow_grpo_rows(clone: Path, batch: int, repeats: int, compiled: bool) -> tuple[list[tuple[str, float, float]], float]:
+def flow_grpo_rows(
+    clone: Path, batch: int, repeats: int, compiled: bool
+) -> tuple[list[tuple[str, float, float]], float]:
     """Sampling and training-step times of Flow-GRPO's code and gyremedia's, and the log-prob parity."""
     their_package(clone)
     from flow_grpo.diffusers_patch.sd3_pipeline_with_logprob import pipeline_with_logprob
@@ -145,15 +155,24 @@ def flow_grpo_rows(clone: Path, batch: int, repeats: int, compiled: bool) -> tup
 
     with tempfile.TemporaryDirectory() as tmp:
         trainer, state, prompts, ids, conditions, noise = quickstart(
-            QUICKSTART_GRPO, batch, tmp, "objective.skip_zero_advantage=false")
+            QUICKSTART_GRPO, batch, tmp, "objective.skip_zero_advantage=false"
+        )
         backbone, sampler, pipe = state.backbone, state.sampler, state.backbone.pipeline
         size = backbone.generation_arguments()
 
         def theirs_sample():
-            return pipeline_with_logprob(pipe, prompt_embeds=conditions["prompt_embeds"],
-                                         pooled_prompt_embeds=conditions["pooled_projections"], latents=noise.clone(),
-                                         num_inference_steps=STEPS, guidance_scale=1.0, output_type="pt",
-                                         noise_level=NOISE_LEVEL, generator=torch.Generator().manual_seed(0), **size)
+            return pipeline_with_logprob(
+                pipe,
+                prompt_embeds=conditions["prompt_embeds"],
+                pooled_prompt_embeds=conditions["pooled_projections"],
+                latents=noise.clone(),
+                num_inference_steps=STEPS,
+                guidance_scale=1.0,
+                output_type="pt",
+                noise_level=NOISE_LEVEL,
+                generator=torch.Generator().manual_seed(0),
+                **size,
+            )
 
         backbone.trainable_module().eval()
         their_time, (_, their_latents, their_log_probs) = best_of(repeats, theirs_sample)
@@ -161,15 +180,32 @@ def flow_grpo_rows(clone: Path, batch: int, repeats: int, compiled: bool) -> tup
         their_states = torch.stack(their_latents, dim=1)
         their_log_probs = torch.stack(their_log_probs, dim=1)
         with torch.no_grad():  # gyremedia scores Flow-GRPO's own transitions
-            ours = torch.stack([sampler.step(their_states[:, i], backbone.predict(their_states[:, i], sigmas[i], conditions),
-                                             sigmas, i, next_state=their_states[:, i + 1]).log_prob
-                                for i in range(STEPS)], dim=1)
+            ours = torch.stack(
+                [
+                    sampler.step(
+                        their_states[:, i],
+                        backbone.predict(their_states[:, i], sigmas[i], conditions),
+                        sigmas,
+                        i,
+                        next_state=their_states[:, i + 1],
+                    ).log_prob
+                    for i in range(STEPS)
+                ],
+                dim=1,
+            )
         parity = (ours - their_log_probs).abs().max().item()
 
         advantages = torch.randn(len(prompts), generator=torch.Generator().manual_seed(1))
-        rollout = Rollout(prompts=prompts, sample_ids=torch.tensor(ids), group_ids=torch.tensor(ids) // 8,
-                          conditions=conditions, states=their_states, log_probs=their_log_probs, sigmas=sigmas,
-                          advantages=advantages)
+        rollout = Rollout(
+            prompts=prompts,
+            sample_ids=torch.tensor(ids),
+            group_ids=torch.tensor(ids) // 8,
+            conditions=conditions,
+            states=their_states,
+            log_probs=their_log_probs,
+            sigmas=sigmas,
+            advantages=advantages,
+        )
         scheduler = pipe.scheduler
         scheduler.set_timesteps(STEPS)
         timesteps = scheduler.timesteps
@@ -179,11 +215,21 @@ def flow_grpo_rows(clone: Path, batch: int, repeats: int, compiled: bool) -> tup
             module.train()
             for j in range(TRAINED):  # Flow-GRPO's loop body for one transition
                 t = timesteps[j].expand(len(prompts))
-                noise_pred = module(hidden_states=their_states[:, j], timestep=t,
-                                    encoder_hidden_states=conditions["prompt_embeds"],
-                                    pooled_projections=conditions["pooled_projections"], return_dict=False)[0]
-                _, log_prob, _, _ = sde_step_with_logprob(scheduler, noise_pred.float(), t, their_states[:, j].float(),
-                                                          prev_sample=their_states[:, j + 1].float(), noise_level=NOISE_LEVEL)
+                noise_pred = module(
+                    hidden_states=their_states[:, j],
+                    timestep=t,
+                    encoder_hidden_states=conditions["prompt_embeds"],
+                    pooled_projections=conditions["pooled_projections"],
+                    return_dict=False,
+                )[0]
+                _, log_prob, _, _ = sde_step_with_logprob(
+                    scheduler,
+                    noise_pred.float(),
+                    t,
+                    their_states[:, j].float(),
+                    prev_sample=their_states[:, j + 1].float(),
+                    noise_level=NOISE_LEVEL,
+                )
                 ratio = torch.exp(log_prob - their_log_probs[:, j])
                 clipped = -advantages * torch.clamp(ratio, 1 - CLIP, 1 + CLIP)
                 loss = torch.maximum(-advantages * ratio, clipped).mean()
@@ -194,20 +240,36 @@ def flow_grpo_rows(clone: Path, batch: int, repeats: int, compiled: bool) -> tup
         our_step, _ = best_of(repeats, lambda: trainer.optimize(rollout, 0))
         variants = {"train.reuse_rollout_forward": ["train.reuse_rollout_forward=true"]}
         if compiled:
-            variants |= {"train.compile": ["train.compile=true"],
-                         "train.compile and train.reuse_rollout_forward": ["train.compile=true",
-                                                                            "train.reuse_rollout_forward=true"]}
-        whole = whole_step_times(QUICKSTART_GRPO, batch, tmp, repeats, advantages, variants,
-                                 "objective.skip_zero_advantage=false")
-    return [("Flow-GRPO: sampling (with decode)", their_time, our_time),
-            (f"Flow-GRPO: training step, first {TRAINED} transitions", their_step, our_step),
-            ("Flow-GRPO: sampling + training step", their_time + their_step, our_time + our_step),
-            *[(f"Flow-GRPO: sampling + training step, gyremedia with {label}", their_time + their_step, seconds)
-              for label, seconds in whole.items()]], parity
+            variants |= {
+                "train.compile": ["train.compile=true"],
+                "train.compile and train.reuse_rollout_forward": [
+                    "train.compile=true",
+                    "train.reuse_rollout_forward=true",
+                ],
+            }
+        whole = whole_step_times(
+            QUICKSTART_GRPO, batch, tmp, repeats, advantages, variants, "objective.skip_zero_advantage=false"
+        )
+    return [
+        ("Flow-GRPO: sampling (with decode)", their_time, our_time),
+        (f"Flow-GRPO: training step, first {TRAINED} transitions", their_step, our_step),
+        ("Flow-GRPO: sampling + training step", their_time + their_step, our_time + our_step),
+        *[
+            (f"Flow-GRPO: sampling + training step, gyremedia with {label}", their_time + their_step, seconds)
+            for label, seconds in whole.items()
+        ],
+    ], parity
 
 
-def whole_step_times(config: Path, batch: int, tmp: str, repeats: int, advantages: torch.Tensor,
-                     variants: dict[str, list[str]], *common: str) -> dict[str, float]:
+def whole_step_times(
+    config: Path,
+    batch: int,
+    tmp: str,
+    repeats: int,
+    advantages: torch.Tensor,
+    variants: dict[str, list[str]],
+    *common: str,
+) -> dict[str, float]:
     """The best of ``repeats`` whole steps of gyremedia (its rollout of step 0's prompts and noise, decoded, then
     its update on ``advantages``) for each variant's overrides, after one untimed step (a compiled one compiles)."""
     seconds = {}
@@ -261,11 +323,21 @@ class FlowGRPOLoop:
     def log_prob(self, net: torch.nn.Module, latents, timesteps, j: int, conditions):
         """Its ``compute_log_prob`` (no CFG): the log-prob of transition ``j`` and the step's mean and std."""
         t = timesteps[j].expand(len(latents))
-        prediction = net(hidden_states=latents[:, j], timestep=t, encoder_hidden_states=conditions["prompt_embeds"],
-                         pooled_projections=conditions["pooled_projections"], return_dict=False)[0]
-        _, log_prob, mean, std = self.sde_step(self.trainer.state.backbone.pipeline.scheduler, prediction.float(), t,
-                                               latents[:, j].float(), prev_sample=latents[:, j + 1].float(),
-                                               noise_level=self.noise_level)
+        prediction = net(
+            hidden_states=latents[:, j],
+            timestep=t,
+            encoder_hidden_states=conditions["prompt_embeds"],
+            pooled_projections=conditions["pooled_projections"],
+            return_dict=False,
+        )[0]
+        _, log_prob, mean, std = self.sde_step(
+            self.trainer.state.backbone.pipeline.scheduler,
+            prediction.float(),
+            t,
+            latents[:, j].float(),
+            prev_sample=latents[:, j + 1].float(),
+            noise_level=self.noise_level,
+        )
         return log_prob, mean, std
 
     def train_step(self, step: int) -> None:
@@ -278,18 +350,31 @@ class FlowGRPOLoop:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         self.module.eval()
         images, latents, old_log_probs = self.sample(
-            backbone.pipeline, prompt_embeds=conditions["prompt_embeds"],
-            pooled_prompt_embeds=conditions["pooled_projections"], latents=noise,
-            num_inference_steps=self.num_steps, guidance_scale=1.0, output_type="pt", noise_level=self.noise_level,
+            backbone.pipeline,
+            prompt_embeds=conditions["prompt_embeds"],
+            pooled_prompt_embeds=conditions["pooled_projections"],
+            latents=noise,
+            num_inference_steps=self.num_steps,
+            guidance_scale=1.0,
+            output_type="pt",
+            noise_level=self.noise_level,
             generator=generator,
-            **backbone.generation_arguments())
+            **backbone.generation_arguments(),
+        )
         latents, old_log_probs = torch.stack(latents, dim=1), torch.stack(old_log_probs, dim=1)
         timesteps = backbone.pipeline.scheduler.timesteps
-        rollout = Rollout(prompts=request.prompts, sample_ids=request.sample_ids, group_ids=request.group_ids,
-                          conditions=conditions, states=latents, log_probs=old_log_probs)
+        rollout = Rollout(
+            prompts=request.prompts,
+            sample_ids=request.sample_ids,
+            group_ids=request.group_ids,
+            conditions=conditions,
+            states=latents,
+            log_probs=old_log_probs,
+        )
         trainer.score(rollout, step, trainer.scorer.submit(Media("image", images.float()), request.prompts))
-        advantages = torch.as_tensor(self.tracker.update(request.prompts, rollout.reward.cpu().numpy()),
-                                     dtype=torch.float32)
+        advantages = torch.as_tensor(
+            self.tracker.update(request.prompts, rollout.reward.cpu().numpy()), dtype=torch.float32
+        )
         self.tracker.clear()
         keep = advantages != 0  # it drops zero-advantage samples, then re-admits random ones to fill even batches
         missing = -int(keep.sum()) % self.batches
@@ -307,9 +392,10 @@ class FlowGRPOLoop:
                 loss = torch.maximum(-advantage * ratio, -advantage * ratio.clamp(1 - self.clip, 1 + self.clip)).mean()
                 if self.beta > 0:  # it runs the reference only for a KL term
                     with torch.no_grad():
-                        _, reference_mean, _ = self.log_prob(self.reference, latents[batch], timesteps, j,
-                                                             batch_conditions)
-                    kl = ((mean - reference_mean) ** 2).mean(dim=(1, 2, 3), keepdim=True) / (2 * std ** 2)
+                        _, reference_mean, _ = self.log_prob(
+                            self.reference, latents[batch], timesteps, j, batch_conditions
+                        )
+                    kl = ((mean - reference_mean) ** 2).mean(dim=(1, 2, 3), keepdim=True) / (2 * std**2)
                     loss = loss + self.beta * kl.mean()
                 (loss / self.trained).backward()
             their_update(self.module, trainer.state.optimizer)
@@ -348,17 +434,25 @@ def flow_grpo_training(clone: Path, steps: int, seed: int, eval_every: int, sett
                 start = time.perf_counter()
                 train_step(step)
                 seconds[name] += time.perf_counter() - start
-    names = {"gyremedia": "gyremedia `grpo` (configs/quickstart_grpo.yaml)",
-             "theirs": "Flow-GRPO's training loop, its functions",
-             "theirs_ema": "Flow-GRPO's training loop, its EMA weights (what it evaluates)"}
-    lines = [f"held-out accuracy (%), seed {seed}, {steps} steps, both runs in one process, steps alternated"
-             + (f", with {' '.join(settings)}" if settings else "") + ":",
-             "| run | " + " | ".join(f"step {s}" for s in evaluations) + " | gain | seconds per step |",
-             "|---|" + "---|" * (len(evaluations) + 2)]
+    names = {
+        "gyremedia": "gyremedia `grpo` (configs/quickstart_grpo.yaml)",
+        "theirs": "Flow-GRPO's training loop, its functions",
+        "theirs_ema": "Flow-GRPO's training loop, its EMA weights (what it evaluates)",
+    }
+    lines = [
+        f"held-out accuracy (%), seed {seed}, {steps} steps, both runs in one process, steps alternated"
+        + (f", with {' '.join(settings)}" if settings else "")
+        + ":",
+        "| run | " + " | ".join(f"step {s}" for s in evaluations) + " | gain | seconds per step |",
+        "|---|" + "---|" * (len(evaluations) + 2),
+    ]
     for key, curve in curves.items():
         per_step = f"{seconds[key] / steps:.3f} s" if key in seconds else "—"
-        lines.append(f"| {names[key]} | " + " | ".join(f"{a:.1f}" for a in curve)
-                     + f" | {curve[-1] - curve[0]:+.1f} | {per_step} |")
+        lines.append(
+            f"| {names[key]} | "
+            + " | ".join(f"{a:.1f}" for a in curve)
+            + f" | {curve[-1] - curve[0]:+.1f} | {per_step} |"
+        )
     lines.append(f"step time gyremedia / Flow-GRPO's loop: {seconds['gyremedia'] / seconds['theirs']:.2f}x")
     return lines
 
@@ -374,17 +468,33 @@ def diffusion_nft_rows(clone: Path, batch: int, repeats: int, compiled: bool) ->
         size = backbone.generation_arguments()
 
         def theirs_sample():
-            return pipeline_with_logprob(pipe, prompt_embeds=conditions["prompt_embeds"],
-                                         pooled_prompt_embeds=conditions["pooled_projections"], latents=noise.clone(),
-                                         num_inference_steps=STEPS, guidance_scale=1.0, output_type="pt",
-                                         deterministic=True, solver="dpm2", **size)
+            return pipeline_with_logprob(
+                pipe,
+                prompt_embeds=conditions["prompt_embeds"],
+                pooled_prompt_embeds=conditions["pooled_projections"],
+                latents=noise.clone(),
+                num_inference_steps=STEPS,
+                guidance_scale=1.0,
+                output_type="pt",
+                deterministic=True,
+                solver="dpm2",
+                **size,
+            )
 
         backbone.trainable_module().eval()
         their_time, _ = best_of(repeats, theirs_sample)
         our_time, (states, log_probs, sigmas) = best_of(repeats, lambda: ours_sample(state, conditions, ids))
         advantages = torch.randn(len(prompts), generator=torch.Generator().manual_seed(1))
-        rollout = Rollout(prompts=prompts, sample_ids=torch.tensor(ids), group_ids=torch.tensor(ids) // 8,
-                          conditions=conditions, states=states, log_probs=log_probs, sigmas=sigmas, advantages=advantages)
+        rollout = Rollout(
+            prompts=prompts,
+            sample_ids=torch.tensor(ids),
+            group_ids=torch.tensor(ids) // 8,
+            conditions=conditions,
+            states=states,
+            log_probs=log_probs,
+            sigmas=sigmas,
+            advantages=advantages,
+        )
         module = backbone.trainable_module()
         old = copy.deepcopy(module)  # DiffusionNFT's "old" adapter; a whole copy here, the quickstart trains fully
         x0 = states[:, -1].float()
@@ -392,12 +502,19 @@ def diffusion_nft_rows(clone: Path, batch: int, repeats: int, compiled: bool) ->
         dims = tuple(range(1, x0.dim()))
 
         def forward(net, xt, t):
-            return net(hidden_states=xt, timestep=t * 1000, encoder_hidden_states=conditions["prompt_embeds"],
-                       pooled_projections=conditions["pooled_projections"], return_dict=False)[0]
+            return net(
+                hidden_states=xt,
+                timestep=t * 1000,
+                encoder_hidden_states=conditions["prompt_embeds"],
+                pooled_projections=conditions["pooled_projections"],
+                return_dict=False,
+            )[0]
 
         def theirs_train():
             module.train()
-            r = (advantages.clamp(-options.adv_clip_max, options.adv_clip_max) / options.adv_clip_max / 2 + 0.5).clamp(0, 1)
+            r = (advantages.clamp(-options.adv_clip_max, options.adv_clip_max) / options.adv_clip_max / 2 + 0.5).clamp(
+                0, 1
+            )
             beta = options.beta
             for t in levels:  # DiffusionNFT's loop body for one re-noised level
                 t_expanded = t.view(-1, 1, 1, 1)
@@ -410,20 +527,32 @@ def diffusion_nft_rows(clone: Path, batch: int, repeats: int, compiled: bool) ->
                 with torch.no_grad():
                     w_pos = (positive.double() - x0.double()).abs().mean(dim=dims, keepdim=True).clip(min=1e-5)
                     w_neg = (negative.double() - x0.double()).abs().mean(dim=dims, keepdim=True).clip(min=1e-5)
-                loss = (r * ((positive - x0) ** 2 / w_pos).mean(dim=dims) / beta
-                        + (1 - r) * ((negative - x0) ** 2 / w_neg).mean(dim=dims) / beta)
+                loss = (
+                    r * ((positive - x0) ** 2 / w_pos).mean(dim=dims) / beta
+                    + (1 - r) * ((negative - x0) ** 2 / w_neg).mean(dim=dims) / beta
+                )
                 ((loss * options.adv_clip_max).mean() / len(levels)).backward()
             their_update(module, state.optimizer)
 
         their_step, _ = best_of(repeats, theirs_train)
         our_step, _ = best_of(repeats, lambda: trainer.optimize(rollout, 0))
-        whole = whole_step_times(QUICKSTART_NFT, batch, tmp, repeats, advantages,
-                                 {"train.compile": ["train.compile=true"]} if compiled else {})
-    return [("DiffusionNFT: sampling (with decode; dpm2 vs Euler)", their_time, our_time),
-            (f"DiffusionNFT: training step, {options.timesteps} re-noised levels", their_step, our_step),
-            ("DiffusionNFT: sampling + training step", their_time + their_step, our_time + our_step),
-            *[(f"DiffusionNFT: sampling + training step, gyremedia with {label}", their_time + their_step, seconds)
-              for label, seconds in whole.items()]]
+        whole = whole_step_times(
+            QUICKSTART_NFT,
+            batch,
+            tmp,
+            repeats,
+            advantages,
+            {"train.compile": ["train.compile=true"]} if compiled else {},
+        )
+    return [
+        ("DiffusionNFT: sampling (with decode; dpm2 vs Euler)", their_time, our_time),
+        (f"DiffusionNFT: training step, {options.timesteps} re-noised levels", their_step, our_step),
+        ("DiffusionNFT: sampling + training step", their_time + their_step, our_time + our_step),
+        *[
+            (f"DiffusionNFT: sampling + training step, gyremedia with {label}", their_time + their_step, seconds)
+            for label, seconds in whole.items()
+        ],
+    ]
 
 
 def main() -> None:
@@ -432,14 +561,27 @@ def main() -> None:
     parser.add_argument("--diffusion-nft", type=Path, default=None, help="a local clone of NVlabs/DiffusionNFT")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--compile", action="store_true",
-                        help="also time gyremedia's whole steps with train.compile (each compiles first, untimed)")
-    parser.add_argument("--train", type=int, default=0, metavar="STEPS",
-                        help="with --flow-grpo: also train both for STEPS steps and compare held-out gains")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time gyremedia's whole steps with train.compile (each compiles first, untimed)",
+    )
+    parser.add_argument(
+        "--train",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="with --flow-grpo: also train both for STEPS steps and compare held-out gains",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the training comparison's run.seed")
     parser.add_argument("--eval-every", type=int, default=50, help="the training comparison's evaluation interval")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override for both runs of the training comparison (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for both runs of the training comparison (repeatable)",
+    )
     args = parser.parse_args()
     if args.train and args.flow_grpo is None:
         parser.error("--train needs --flow-grpo PATH")
@@ -452,13 +594,17 @@ def main() -> None:
     if args.diffusion_nft is not None:
         rows += diffusion_nft_rows(args.diffusion_nft, args.batch, args.repeats, args.compile)
 
-    print(f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads), "
-          f"{torch.accelerator.current_accelerator() if torch.accelerator.is_available() else 'no accelerator'}")
+    print(
+        f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads), "
+        f"{torch.accelerator.current_accelerator() if torch.accelerator.is_available() else 'no accelerator'}"
+    )
     print(f"quickstart SD3 pipeline, batch {args.batch}, {STEPS} steps, best of {args.repeats}")
     if parity is not None:
-        print(f"log-prob parity on Flow-GRPO's own transitions (noise level {NOISE_LEVEL}): "
-              f"max |ours - theirs| = {parity:.2e}")
+        print(
+            f"log-prob parity on Flow-GRPO's own transitions (noise level {NOISE_LEVEL}): "
+            f"max |ours - theirs| = {parity:.2e}"
+        )
     print("| part | their code | gyremedia | gyremedia / theirs |\n|---|---|---|---|")
     for part, theirs, ours in rows:
         print(f"| {part} | {theirs:.3f} s | {ours:.3f} s | {ours / theirs:.2f}x |")

@@ -62,77 +62,167 @@ class Run:
 
 def image_config(backbone: dict, sampler: str = "flow_sde") -> dict:
     """One GRPO step of 2 samples in one group, 2 transitions, rewarded by JPEG size."""
-    return {"run": {"seed": 0}, "backbone": backbone, "sampler": {"name": sampler}, "objective": {"name": "grpo"},
-            "rewards": [{"name": "jpeg_compressibility"}], "data": {"prompts": PROMPTS},
-            "rollout": {"batch_size": 2, "group_size": 2, "num_steps": 2, "guidance_scale": 1.0},
-            "train": {"steps": 1, "learning_rate": 1.0e-5}, "checkpoint": {"every": 1000},
-            "eval": {"samples": 2, "grid_size": 2, "every": 0}, "export": {"on_train_end": False},
-            "logging": {"loggers": ["jsonl"], "progress": False}}
+    return {
+        "run": {"seed": 0},
+        "backbone": backbone,
+        "sampler": {"name": sampler},
+        "objective": {"name": "grpo"},
+        "rewards": [{"name": "jpeg_compressibility"}],
+        "data": {"prompts": PROMPTS},
+        "rollout": {"batch_size": 2, "group_size": 2, "num_steps": 2, "guidance_scale": 1.0},
+        "train": {"steps": 1, "learning_rate": 1.0e-5},
+        "checkpoint": {"every": 1000},
+        "eval": {"samples": 2, "grid_size": 2, "every": 0},
+        "export": {"on_train_end": False},
+        "logging": {"loggers": ["jsonl"], "progress": False},
+    }
 
 
-def patched(family: str, backbone: str, pixels: int, tiny: dict, max_sequence_length: int, text_tokens: int,
-            axis: str, sized: bool = True) -> Run:
+def patched(
+    family: str,
+    backbone: str,
+    pixels: int,
+    tiny: dict,
+    max_sequence_length: int,
+    text_tokens: int,
+    axis: str,
+    sized: bool = True,
+) -> Run:
     """A 2 x 2-patch transformer behind an 8x VAE at ``pixels`` square: its latent grid and image tokens real.
     ``sized``: the backbone takes height and width (else the tiny latent size alone sets them)."""
     latent = pixels // 8
     tokens = (latent // 2) ** 2
-    backbone_options = {"name": backbone, "max_sequence_length": max_sequence_length,
-                        "tiny": {"latent_size": latent, **tiny}, **({"height": pixels, "width": pixels} if sized else {})}
-    return Run(family, f"{pixels} x {pixels}, {tokens:,} image tokens + {text_tokens} text", {"image tokens": tokens},
-               image_config(backbone_options), axis=axis)
+    backbone_options = {
+        "name": backbone,
+        "max_sequence_length": max_sequence_length,
+        "tiny": {"latent_size": latent, **tiny},
+        **({"height": pixels, "width": pixels} if sized else {}),
+    }
+    return Run(
+        family,
+        f"{pixels} x {pixels}, {tokens:,} image tokens + {text_tokens} text",
+        {"image tokens": tokens},
+        image_config(backbone_options),
+        axis=axis,
+    )
 
 
 def sd35(pixels: int, axis: str = "") -> Run:
-    tiny = {"latent_channels": 16, "vae_channels": NARROW_VAE, "num_layers": 1, "num_attention_heads": 1,
-            "attention_head_dim": 64, "text_hidden_size": 32, "text_layers": 1, "text_max_length": 77}
+    tiny = {
+        "latent_channels": 16,
+        "vae_channels": NARROW_VAE,
+        "num_layers": 1,
+        "num_attention_heads": 1,
+        "attention_head_dim": 64,
+        "text_hidden_size": 32,
+        "text_layers": 1,
+        "text_max_length": 77,
+    }
     return patched("SD3.5", "flow_matching", pixels, tiny, 256, 77 + 256, axis, sized=False)
 
 
 def flux1(pixels: int, axis: str = "") -> Run:
-    tiny = {"latent_channels": 16, "vae_channels": NARROW_VAE, "num_layers": 1, "num_single_layers": 1,
-            "num_attention_heads": 1, "attention_head_dim": 16, "axes_dims_rope": [4, 6, 6], "text_hidden_size": 32,
-            "text_layers": 1, "text_max_length": 77}
+    tiny = {
+        "latent_channels": 16,
+        "vae_channels": NARROW_VAE,
+        "num_layers": 1,
+        "num_single_layers": 1,
+        "num_attention_heads": 1,
+        "attention_head_dim": 16,
+        "axes_dims_rope": [4, 6, 6],
+        "text_hidden_size": 32,
+        "text_layers": 1,
+        "text_max_length": 77,
+    }
     return patched("FLUX.1", "flux", pixels, tiny, 512, 512, axis)
 
 
 def flux2(pixels: int, axis: str = "") -> Run:
-    tiny = {"latent_channels": 32, "vae_channels": NARROW_VAE, "num_layers": 1, "num_single_layers": 1,
-            "num_attention_heads": 1, "attention_head_dim": 16, "axes_dims_rope": [4, 4, 4, 4], "text_hidden_size": 16}
+    tiny = {
+        "latent_channels": 32,
+        "vae_channels": NARROW_VAE,
+        "num_layers": 1,
+        "num_single_layers": 1,
+        "num_attention_heads": 1,
+        "attention_head_dim": 16,
+        "axes_dims_rope": [4, 4, 4, 4],
+        "text_hidden_size": 16,
+    }
     return patched("FLUX.2", "flux2", pixels, tiny, 512, 512, axis)
 
 
 def qwen_image(pixels: int, axis: str = "") -> Run:
-    tiny = {"latent_channels": 16, "vae_channels": 4, "vae_multipliers": [1, 2, 4, 4], "num_layers": 1,
-            "num_attention_heads": 1, "attention_head_dim": 24, "text_hidden_size": 16, "text_layers": 1}
+    tiny = {
+        "latent_channels": 16,
+        "vae_channels": 4,
+        "vae_multipliers": [1, 2, 4, 4],
+        "num_layers": 1,
+        "num_attention_heads": 1,
+        "attention_head_dim": 24,
+        "text_hidden_size": 16,
+        "text_layers": 1,
+    }
     return patched("Qwen-Image", "qwen_image", pixels, tiny, 512, 512, axis)
 
 
 def sd1(pixels: int, axis: str = "") -> Run:
     latent = pixels // 8
-    tiny = {"latent_size": latent, "latent_channels": 4, "vae_channels": NARROW_VAE, "unet_channels": [8, 8, 8, 8],
-            "attention_blocks": "before_last", "attention_heads": 1, "text_hidden_size": 32, "text_layers": 1,
-            "text_max_length": 77}
-    return Run("SD 1.x UNet", f"{pixels} x {pixels}, attention over {latent ** 2:,} latents + 77 text",
-               {"latent positions": latent ** 2},
-               image_config({"name": "diffusion", "tiny": tiny}, sampler="ddim_eta"), axis=axis)
+    tiny = {
+        "latent_size": latent,
+        "latent_channels": 4,
+        "vae_channels": NARROW_VAE,
+        "unet_channels": [8, 8, 8, 8],
+        "attention_blocks": "before_last",
+        "attention_heads": 1,
+        "text_hidden_size": 32,
+        "text_layers": 1,
+        "text_max_length": 77,
+    }
+    return Run(
+        "SD 1.x UNet",
+        f"{pixels} x {pixels}, attention over {latent**2:,} latents + 77 text",
+        {"latent positions": latent**2},
+        image_config({"name": "diffusion", "tiny": tiny}, sampler="ddim_eta"),
+        axis=axis,
+    )
 
 
 def wan(frames: int, axis: str = "") -> Run:
     latent_frames = (frames - 1) // 4 + 1
     tokens = latent_frames * (480 // 16) * (832 // 16)
-    tiny = {"latent_channels": 16, "vae_base_dim": 4, "num_layers": 1, "num_attention_heads": 1,
-            "attention_head_dim": 12, "ffn_dim": 32, "text_hidden_size": 32, "text_layers": 1, "text_max_length": 512}
-    return Run("Wan 2.1", f"480 x 832, {frames} frames, {tokens:,} tokens + 512 text", {"frames": frames},
-               image_config({"name": "wan", "num_frames": frames, "height": 480, "width": 832,
-                             "max_sequence_length": 512, "tiny": tiny}), axis=axis)
+    tiny = {
+        "latent_channels": 16,
+        "vae_base_dim": 4,
+        "num_layers": 1,
+        "num_attention_heads": 1,
+        "attention_head_dim": 12,
+        "ffn_dim": 32,
+        "text_hidden_size": 32,
+        "text_layers": 1,
+        "text_max_length": 512,
+    }
+    return Run(
+        "Wan 2.1",
+        f"480 x 832, {frames} frames, {tokens:,} tokens + 512 text",
+        {"frames": frames},
+        image_config(
+            {"name": "wan", "num_frames": frames, "height": 480, "width": 832, "max_sequence_length": 512, "tiny": tiny}
+        ),
+        axis=axis,
+    )
 
 
 def lm(tokens: int, vocabulary: int, axis: str = "") -> Run:
     """The llm_quickstart on a 1-layer, 64-wide Llama at ``vocabulary``, 4 rows of ``tokens`` new tokens."""
-    return Run("causal LM", f"{tokens:,} completion tokens, vocabulary {vocabulary:,}, 4 rows",
-               {"completion tokens": tokens, "vocabulary": vocabulary}, bundled="llm_quickstart",
-               overrides=["rollout.batch_size=4", "rollout.group_size=4", f"backbone.max_new_tokens={tokens}"],
-               axis=axis, lm_vocabulary=vocabulary)
+    return Run(
+        "causal LM",
+        f"{tokens:,} completion tokens, vocabulary {vocabulary:,}, 4 rows",
+        {"completion tokens": tokens, "vocabulary": vocabulary},
+        bundled="llm_quickstart",
+        overrides=["rollout.batch_size=4", "rollout.group_size=4", f"backbone.max_new_tokens={tokens}"],
+        axis=axis,
+        lm_vocabulary=vocabulary,
+    )
 
 
 def quickstart(family: str, bundled: str, shape: str) -> Run:
@@ -148,10 +238,18 @@ FAMILIES = {
     "sd1": lambda: [sd1(512), sd1(256, "latent positions")],
     "wan2.1": lambda: [wan(81), wan(17, "frames")],
     "lm": lambda: [lm(1024, 151_936), lm(256, 151_936, "completion tokens"), lm(1024, 32_000, "vocabulary")],
-    "speech": lambda: [quickstart("speech enhancement", "speech_quickstart",
-                                  "the quickstart: 16 utterances of 1.27 s (2 x 128 x 128 STFT), 10 steps")],
-    "world": lambda: [quickstart("video world model", "world_model_quickstart",
-                                 "the quickstart: 32 clips of 4 frames of 16 x 16, 10 steps")],
+    "speech": lambda: [
+        quickstart(
+            "speech enhancement",
+            "speech_quickstart",
+            "the quickstart: 16 utterances of 1.27 s (2 x 128 x 128 STFT), 10 steps",
+        )
+    ],
+    "world": lambda: [
+        quickstart(
+            "video world model", "world_model_quickstart", "the quickstart: 32 clips of 4 frames of 16 x 16, 10 steps"
+        )
+    ],
 }
 
 
@@ -213,7 +311,12 @@ def measure(spec: dict) -> dict:
             overrides.append(f"backbone.pretrained={Path(tmp) / 'model'}")
         if run.bundled:
             path = bundled_config(f"{run.bundled}.yaml")
-            overrides += ["eval.every=0", "export.on_train_end=false", "checkpoint.every=1000", "logging.progress=false"]
+            overrides += [
+                "eval.every=0",
+                "export.on_train_end=false",
+                "checkpoint.every=1000",
+                "logging.progress=false",
+            ]
         else:
             path = Path(tmp) / "run.yaml"
             path.write_text(yaml.safe_dump(run.config))
@@ -234,8 +337,13 @@ def measure(spec: dict) -> dict:
         trainer.train_step(0)
     probe.close()
     phases = {label: {**p, "peak": p["peak"] - baseline} for label, p in meter.phases.items()}
-    return {"run": asdict(run), "params": sum(p.numel() for p in module.parameters()), "baseline": baseline,
-            "phases": phases, "method": probe.method}
+    return {
+        "run": asdict(run),
+        "params": sum(p.numel() for p in module.parameters()),
+        "baseline": baseline,
+        "phases": phases,
+        "method": probe.method,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- parent
@@ -244,8 +352,9 @@ def measure(spec: dict) -> dict:
 def run_one(run: Run, threads: int) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONUNBUFFERED": "1"}
     spec = json.dumps({"run": asdict(run), "threads": threads})
-    done = subprocess.run([sys.executable, __file__, "--worker", spec], env=env, capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, __file__, "--worker", spec], env=env, capture_output=True, text=True, check=False
+    )
     if done.returncode:
         raise RuntimeError(f"{run.family} {run.shape} failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -274,27 +383,47 @@ def pairs(results: list[dict]) -> list[tuple[dict, dict]]:
 def report(results: list[dict]) -> list[str]:
     import torch
 
-    lines = [f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, no accelerator; "
-             f"fp32; peaks by {results[0]['method']} above the loaded model's RSS, MALLOC_MMAP_THRESHOLD_=65536; "
-             "each cell: peak / seconds (the rollout includes the text encoding)", "",
-             "| family | shape | replica params | " + " | ".join(PHASES) + " | step peak | step time |",
-             "|---|---|---|" + "---|" * len(PHASES) + "---|---|"]
+    lines = [
+        f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, no accelerator; "
+        f"fp32; peaks by {results[0]['method']} above the loaded model's RSS, MALLOC_MMAP_THRESHOLD_=65536; "
+        "each cell: peak / seconds (the rollout includes the text encoding)",
+        "",
+        "| family | shape | replica params | " + " | ".join(PHASES) + " | step peak | step time |",
+        "|---|---|---|" + "---|" * len(PHASES) + "---|---|",
+    ]
     for r in results:
-        cells = [f"{gib(r['phases'][p]['peak'])} / {r['phases'][p]['seconds']:.1f} s" if p in r["phases"] else "-"
-                 for p in PHASES]
+        cells = [
+            f"{gib(r['phases'][p]['peak'])} / {r['phases'][p]['seconds']:.1f} s" if p in r["phases"] else "-"
+            for p in PHASES
+        ]
         step = r["phases"]["step"]
-        lines.append(f"| {r['run']['family']} | {r['run']['shape']} | {r['params'] / 1e6:.2f} M | {' | '.join(cells)} "
-                     f"| {gib(step['peak'])} | {step['seconds']:.1f} s |")
-    lines += ["", "growth exponents of each phase's peak, log(peak ratio) / log(size ratio): 1 grows as the shapes "
-                  "do, 2 would be a tensor quadratic in them; below 1, a fixed part still dominates", "",
-              "| family | axis | from | to | " + " | ".join(GROWING) + " |", "|---|---|---|---|" + "---|" * len(GROWING)]
+        lines.append(
+            f"| {r['run']['family']} | {r['run']['shape']} | {r['params'] / 1e6:.2f} M | {' | '.join(cells)} "
+            f"| {gib(step['peak'])} | {step['seconds']:.1f} s |"
+        )
+    lines += [
+        "",
+        "growth exponents of each phase's peak, log(peak ratio) / log(size ratio): 1 grows as the shapes "
+        "do, 2 would be a tensor quadratic in them; below 1, a fixed part still dominates",
+        "",
+        "| family | axis | from | to | " + " | ".join(GROWING) + " |",
+        "|---|---|---|---|" + "---|" * len(GROWING),
+    ]
     for small, large in pairs(results):
         axis = small["run"]["axis"]
-        lines.append(f"| {large['run']['family']} | {axis} | {small['run']['sizes'][axis]:,} "
-                     f"| {large['run']['sizes'][axis]:,} | "
-                     + " | ".join(f"{exponent(small, large, axis, p):.2f}" for p in GROWING) + " |")
-    return [*lines, "", "on paper, bf16 training of the real models on an H100's 80 GB (see projection):", "",
-            *projection()]
+        lines.append(
+            f"| {large['run']['family']} | {axis} | {small['run']['sizes'][axis]:,} "
+            f"| {large['run']['sizes'][axis]:,} | "
+            + " | ".join(f"{exponent(small, large, axis, p):.2f}" for p in GROWING)
+            + " |"
+        )
+    return [
+        *lines,
+        "",
+        "on paper, bf16 training of the real models on an H100's 80 GB (see projection):",
+        "",
+        *projection(),
+    ]
 
 
 #: Saved activations per sample x token x block x channel, bf16 bytes, from the fits of ``python benchmarks/memory.py
@@ -337,23 +466,29 @@ def projection() -> list[str]:
     Full: 4P weights + 4P gradients + 8P AdamW + 2P autocast copies; LoRA: 2P bf16 base + 16 B per adapter
     parameter. Activations: K_BF16 x tokens x blocks x width; checkpointed, each block keeps its inputs and one is
     recomputed whole. FSDP2 divides the weights and their states by the GPUs (activations stay per GPU)."""
-    lines = ["| model | mode | weights + states | activations / sample: no ckpt / ckpt | per GPU, 1 GPU: no ckpt / "
-             f"ckpt | per GPU, FSDP2 over {SHARDS}: no ckpt / ckpt | frozen parts (bf16) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | mode | weights + states | activations / sample: no ckpt / ckpt | per GPU, 1 GPU: no ckpt / "
+        f"ckpt | per GPU, FSDP2 over {SHARDS}: no ckpt / ckpt | frozen parts (bf16) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for t in TARGETS:
         for mode in ("full", "lora"):
             fixed = 18 * t.params if mode == "full" else 2 * t.params + 16 * t.adapters
             units = t.tokens * t.width
-            acts = [K_BF16[(mode, False)] * units * t.blocks,
-                    (K_BF16[(mode, True)] * t.blocks + K_BF16[(mode, False)]) * units]
+            acts = [
+                K_BF16[(mode, False)] * units * t.blocks,
+                (K_BF16[(mode, True)] * t.blocks + K_BF16[(mode, False)]) * units,
+            ]
 
             def cell(total: float) -> str:
                 return f"{gib(total)}{'' if total < GPU_BYTES else ' (over 80 GB)'}"
 
             what = "full" if mode == "full" else f"LoRA r8 ({t.adapters / 1e6:.0f} M)"
-            lines.append(f"| {t.name} ({t.params / 1e9:g} B) | {what} | {gib(fixed)} | {gib(acts[0])} / {gib(acts[1])} "
-                         f"| {' / '.join(cell(fixed + a) for a in acts)} "
-                         f"| {' / '.join(cell(fixed / SHARDS + a) for a in acts)} | {gib(2 * t.frozen)} |")
+            lines.append(
+                f"| {t.name} ({t.params / 1e9:g} B) | {what} | {gib(fixed)} | {gib(acts[0])} / {gib(acts[1])} "
+                f"| {' / '.join(cell(fixed + a) for a in acts)} "
+                f"| {' / '.join(cell(fixed / SHARDS + a) for a in acts)} | {gib(2 * t.frozen)} |"
+            )
     return lines
 
 
@@ -381,8 +516,12 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             start = time.perf_counter()
             results.append(run_one(run, args.threads))
-            print(f"{run.family} {run.shape}: step peak {gib(results[-1]['phases']['step']['peak'])} "
-                  f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+            print(
+                f"{run.family} {run.shape}: step peak {gib(results[-1]['phases']['step']['peak'])} "
+                f"({time.perf_counter() - start:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
             if args.json:  # written as it goes: a long run keeps what it measured
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(results, indent=1))

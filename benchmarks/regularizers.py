@@ -28,16 +28,25 @@ from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
-COMMON = ["rewards=[{name: shapes_verifier, criteria: [object, colour, count]}]",
-          "monitor={gold: [{name: shapes_verifier, criteria: [position]}], drift: true}",
-          "export.on_train_end=false", "logging.progress=false"]
+COMMON = [
+    "rewards=[{name: shapes_verifier, criteria: [object, colour, count]}]",
+    "monitor={gold: [{name: shapes_verifier, criteria: [position]}], drift: true}",
+    "export.on_train_end=false",
+    "logging.progress=false",
+]
 INFLATION = "velocity_norm_hinge/inflation"
 
 
 def run(weight: float, seed: int, steps: int, out: Path) -> list[dict]:
     pm = PluginManager()
-    overrides = [f"run.output_dir={out}", f"run.seed={seed}", f"train.steps={steps}", f"checkpoint.every={steps}",
-                 f"regularizers=[{{name: velocity_norm_hinge, weight: {weight}}}]", *COMMON]
+    overrides = [
+        f"run.output_dir={out}",
+        f"run.seed={seed}",
+        f"train.steps={steps}",
+        f"checkpoint.every={steps}",
+        f"regularizers=[{{name: velocity_norm_hinge, weight: {weight}}}]",
+        *COMMON,
+    ]
     Trainer(resolve_config(load_config(QUICKSTART, overrides), pm), pm).train()
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -76,10 +85,14 @@ def main() -> None:
     args.out.write_text(json.dumps(results, indent=1))
 
     means = {label: {k: sum(s[k] for s in runs) / len(runs) for k in runs[0]} for label, runs in results.items()}
-    print(f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads)")
-    print(f"quickstart world (NFT), seeds {args.seeds}, {args.steps} steps; proxy = verifier object/colour/count, "
-          "gold = verifier position (held out); means over seeds")
+    print(
+        f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads)"
+    )
+    print(
+        f"quickstart world (NFT), seeds {args.seeds}, {args.steps} steps; proxy = verifier object/colour/count, "
+        "gold = verifier position (held out); means over seeds"
+    )
     keys = list(next(iter(means.values())))
     print("| setting | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
@@ -87,12 +100,18 @@ def main() -> None:
         print(f"| {label} | " + " | ".join(f"{row[k]:.4f}" for k in keys) + " |")
     plain = means["no hinge"]
     for label, hinged in list(means.items())[1:]:
-        print(f"{label} vs none: inflation - 1: {plain['inflation'] - 1:+.4f} -> {hinged['inflation'] - 1:+.4f}; "
-              f"training proxy {hinged['train_proxy'] - plain['train_proxy']:+.4f}, eval proxy "
-              f"{hinged['eval_proxy'] - plain['eval_proxy']:+.4f}, gold {hinged['gold'] - plain['gold']:+.4f}")
+        print(
+            f"{label} vs none: inflation - 1: {plain['inflation'] - 1:+.4f} -> {hinged['inflation'] - 1:+.4f}; "
+            f"training proxy {hinged['train_proxy'] - plain['train_proxy']:+.4f}, eval proxy "
+            f"{hinged['eval_proxy'] - plain['eval_proxy']:+.4f}, gold {hinged['gold'] - plain['gold']:+.4f}"
+        )
     for label, runs in results.items():
-        print(f"  {label} per seed: " + "; ".join(f"inflation {s['inflation']:.4f} proxy {s['eval_proxy']:.3f} "
-                                                  f"gold {s['gold']:.3f}" for s in runs))
+        print(
+            f"  {label} per seed: "
+            + "; ".join(
+                f"inflation {s['inflation']:.4f} proxy {s['eval_proxy']:.3f} gold {s['gold']:.3f}" for s in runs
+            )
+        )
 
 
 if __name__ == "__main__":

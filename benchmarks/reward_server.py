@@ -57,8 +57,11 @@ def main() -> None:
     local = pm.build(select_component(pm, "reward", {"name": args.reward}, "reward"), cpu)
     media = Media("image", torch.rand(args.batch, 3, args.size, args.size, generator=torch.Generator().manual_seed(0)))
     prompts = [f"prompt {i}" for i in range(args.batch)]
-    server = subprocess.Popen([sys.executable, "-m", "gyremedia.cli", "serve-reward", args.reward, "--port", "0",
-                               "--device", "cpu"], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gyremedia.cli", "serve-reward", args.reward, "--port", "0", "--device", "cpu"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = server.stdout.readline().split(" on ")[1].strip()
         remote = pm.build(select_component(pm, "reward", {"name": "remote", "url": url}, "reward"), cpu)
@@ -69,11 +72,15 @@ def main() -> None:
     finally:
         server.kill()
     megabytes = len(encode_batch(media, prompts)) / 1e6
-    print(f"{args.reward}, {args.batch} images of {args.size} x {args.size}, {platform.processor() or platform.machine()}"
-          f", {torch.get_num_threads()} threads")
-    print(f"| in-process | served (loopback) | overhead | sent per batch | peak RSS client / server |\n"
-          f"|---|---|---|---|---|\n| {in_process:.3f} s | {served:.3f} s | {served - in_process:+.3f} s | "
-          f"{megabytes:.0f} MB | {peak_mb():.0f} / {server_peak:.0f} MB |")
+    print(
+        f"{args.reward}, {args.batch} images of {args.size} x {args.size}, {platform.processor() or platform.machine()}"
+        f", {torch.get_num_threads()} threads"
+    )
+    print(
+        f"| in-process | served (loopback) | overhead | sent per batch | peak RSS client / server |\n"
+        f"|---|---|---|---|---|\n| {in_process:.3f} s | {served:.3f} s | {served - in_process:+.3f} s | "
+        f"{megabytes:.0f} MB | {peak_mb():.0f} / {server_peak:.0f} MB |"
+    )
 
 
 if __name__ == "__main__":

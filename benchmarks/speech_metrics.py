@@ -37,7 +37,12 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [heldout[i % len(heldout)] for i in range(args.clips)]
     noisy = np.stack([parse_prompt(p).pair()[0] for p in prompts])
     media = Media("audio", torch.from_numpy(noisy)[:, None], {"sample_rate": SAMPLE_RATE})
-    rewards = {"si_sdr": SISDRReward(), "estoi": ESTOIReward(), "pesq": PESQReward(), "dnsmos": DNSMOSReward(DNSMOSOptions())}
+    rewards = {
+        "si_sdr": SISDRReward(),
+        "estoi": ESTOIReward(),
+        "pesq": PESQReward(),
+        "dnsmos": DNSMOSReward(DNSMOSOptions()),
+    }
     seconds_of_audio = args.clips * CLIP_SAMPLES / SAMPLE_RATE
     costs = {}
     for name, reward in rewards.items():
@@ -49,8 +54,10 @@ def main(argv: list[str] | None = None) -> None:
             times.append(time.perf_counter() - start)
         costs[name] = statistics.median(times) / seconds_of_audio
     cheapest = min(costs.values())
-    print(f"{args.clips} clips of {CLIP_SAMPLES / SAMPLE_RATE:.2f} s, {args.threads} thread(s), {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores")
+    print(
+        f"{args.clips} clips of {CLIP_SAMPLES / SAMPLE_RATE:.2f} s, {args.threads} thread(s), {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores"
+    )
     repeat = DNSMOS_INPUT / CLIP_SAMPLES
     for name, cost in costs.items():
         note = f"  (about {cost / repeat:.4f} s per s on clips of 9 s or more)" if name == "dnsmos" else ""

@@ -41,24 +41,56 @@ def build_model(folder: Path, vocabulary: int) -> None:
     tokenizer = Tokenizer(WordLevel(words, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
-    config = LlamaConfig(vocab_size=vocabulary, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096, pad_token_id=0,
-                         bos_token_id=None, eos_token_id=1, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=vocabulary,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=1,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                            padding_side="left", model_max_length=4096).save_pretrained(folder)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+        model_max_length=4096,
+    ).save_pretrained(folder)
 
 
 def peak_gib(model: Path, run_dir: Path, tokens: int, rows: int) -> float:
-    command = [sys.executable, "-m", "gyremedia.cli", "train", "llm_quickstart", f"backbone.pretrained={model}",
-               f"rollout.batch_size={rows}", "train.steps=1", f"backbone.max_new_tokens={tokens}",
-               f"run.output_dir={run_dir}", "eval.prompts_file=null", "data.eval_prompts=[1+2=, 3+4=]",
-               "eval.samples=4", "checkpoint.every=100", "export.on_train_end=false", "logging.progress=false"]
+    command = [
+        sys.executable,
+        "-m",
+        "gyremedia.cli",
+        "train",
+        "llm_quickstart",
+        f"backbone.pretrained={model}",
+        f"rollout.batch_size={rows}",
+        "train.steps=1",
+        f"backbone.max_new_tokens={tokens}",
+        f"run.output_dir={run_dir}",
+        "eval.prompts_file=null",
+        "data.eval_prompts=[1+2=, 3+4=]",
+        "eval.samples=4",
+        "checkpoint.every=100",
+        "export.on_train_end=false",
+        "logging.progress=false",
+    ]
     # glibc maps every buffer of 64 KiB or more on its own and unmaps it on free, so the resident set follows the
     # live tensors rather than freed heap (as benchmarks/memory.py does)
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    done = subprocess.run([sys.executable, "-c", MEASURE, *command], capture_output=True, text=True, check=True, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, *command], capture_output=True, text=True, check=True, env=env
+    )
     return int(done.stdout.split()[-1]) / 2**20  # KiB -> GiB
 
 
@@ -72,8 +104,10 @@ def main() -> None:
         model = Path(tmp) / "model"
         build_model(model, args.vocabulary)
         peaks = {n: peak_gib(model, Path(tmp) / f"run{n}", n, args.rows) for n in args.tokens}
-    print(f"vocabulary {args.vocabulary}, {args.rows} rows, 1 layer of width 64 ({platform.machine()}, "
-          f"{platform.processor() or 'cpu'})")
+    print(
+        f"vocabulary {args.vocabulary}, {args.rows} rows, 1 layer of width 64 ({platform.machine()}, "
+        f"{platform.processor() or 'cpu'})"
+    )
     for n, peak in peaks.items():
         print(f"  {n:>5} new tokens: peak {peak:.2f} GiB")
     growth = peaks[max(peaks)] - peaks[min(peaks)]

@@ -88,18 +88,38 @@ GiB = 2**30
 def gyremedia_trainer(run_dir: str, *overrides: str, setup: bool = True) -> Trainer:
     """The llm_quickstart's trainer with ``overrides``; ``setup=False`` reads its settings without loading a model."""
     pm = PluginManager()
-    config = resolve_config(load_config(bundled_config("llm_quickstart.yaml"),
-                                        [f"run.output_dir={run_dir}", "logging.progress=false", "export.on_train_end=false",
-                                         "checkpoint.every=100000", *overrides]), pm)
+    config = resolve_config(
+        load_config(
+            bundled_config("llm_quickstart.yaml"),
+            [
+                f"run.output_dir={run_dir}",
+                "logging.progress=false",
+                "export.on_train_end=false",
+                "checkpoint.every=100000",
+                *overrides,
+            ],
+        ),
+        pm,
+    )
     trainer = Trainer(config, pm)
     if setup:
         trainer.setup()
     return trainer
 
 
-def trl_trainer(prompts: list[str], trainer: Trainer, *, loss_type: str, beta: float, steps: int,
-                num_iterations: int = 1, gradient_checkpointing: bool = False, correction: str = "none",
-                reward=None, callbacks=()):
+def trl_trainer(
+    prompts: list[str],
+    trainer: Trainer,
+    *,
+    loss_type: str,
+    beta: float,
+    steps: int,
+    num_iterations: int = 1,
+    gradient_checkpointing: bool = False,
+    correction: str = "none",
+    reward=None,
+    callbacks=(),
+):
     """TRL's GRPOTrainer at the gyremedia run's settings (``trainer`` need not be set up)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -108,24 +128,54 @@ def trl_trainer(prompts: list[str], trainer: Trainer, *, loss_type: str, beta: f
     core, backbone = trainer.core, trainer.config.backbone.options
     objective = trainer.config.objective.options
     args = GRPOConfig(
-        output_dir=os.path.join(trainer.run_dir, "trl"), report_to="none", save_strategy="no", logging_steps=10**6,
-        use_cpu=True, bf16=False, per_device_train_batch_size=core.rollout.batch_size,
-        num_generations=core.rollout.group_size, steps_per_generation=1, gradient_accumulation_steps=1,
-        num_iterations=num_iterations, gradient_checkpointing=gradient_checkpointing,
-        max_completion_length=backbone.max_new_tokens, temperature=backbone.temperature, top_p=1.0, top_k=0,
-        learning_rate=core.train.learning_rate, adam_beta1=core.train.adam_beta1, adam_beta2=core.train.adam_beta2,
-        weight_decay=core.train.weight_decay, max_grad_norm=core.train.max_grad_norm, lr_scheduler_type="constant",
-        warmup_steps=0, loss_type=loss_type, beta=beta, use_bias_correction_kl=False, epsilon=objective.epsilon,
-        epsilon_high=objective.epsilon_high or objective.epsilon, scale_rewards="group", max_steps=steps,
-        seed=core.run.seed, disable_dropout=True, shuffle_dataset=True,
+        output_dir=os.path.join(trainer.run_dir, "trl"),
+        report_to="none",
+        save_strategy="no",
+        logging_steps=10**6,
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=core.rollout.batch_size,
+        num_generations=core.rollout.group_size,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        num_iterations=num_iterations,
+        gradient_checkpointing=gradient_checkpointing,
+        max_completion_length=backbone.max_new_tokens,
+        temperature=backbone.temperature,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=core.train.learning_rate,
+        adam_beta1=core.train.adam_beta1,
+        adam_beta2=core.train.adam_beta2,
+        weight_decay=core.train.weight_decay,
+        max_grad_norm=core.train.max_grad_norm,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        loss_type=loss_type,
+        beta=beta,
+        use_bias_correction_kl=False,
+        epsilon=objective.epsilon,
+        epsilon_high=objective.epsilon_high or objective.epsilon,
+        scale_rewards="group",
+        max_steps=steps,
+        seed=core.run.seed,
+        disable_dropout=True,
+        shuffle_dataset=True,
         vllm_importance_sampling_correction=correction != "none",
         vllm_importance_sampling_mode=CORRECTIONS.get(correction, "token_truncate"),
-        vllm_importance_sampling_clip_max=objective.correction_cap, vllm_importance_sampling_clip_min=None)
+        vllm_importance_sampling_clip_max=objective.correction_cap,
+        vllm_importance_sampling_clip_min=None,
+    )
     tokenizer = AutoTokenizer.from_pretrained(backbone.pretrained)
     model = AutoModelForCausalLM.from_pretrained(backbone.pretrained, dtype=torch.float32)
-    return GRPOTrainer(model=model, reward_funcs=reward or (lambda prompts, completions, **_: [0.0] * len(prompts)),
-                       args=args, train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer,
-                       callbacks=list(callbacks))
+    return GRPOTrainer(
+        model=model,
+        reward_funcs=reward or (lambda prompts, completions, **_: [0.0] * len(prompts)),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=tokenizer,
+        callbacks=list(callbacks),
+    )
 
 
 def trl_batch(theirs, rollout, sampler_log_probs: torch.Tensor | None) -> dict:
@@ -165,8 +215,12 @@ def make_optimizer(kind: str, model: torch.nn.Module, trainer: Trainer) -> torch
     train = trainer.core.train
     if kind == "sgd":
         return torch.optim.SGD(model.parameters(), lr=PARITY_LR["sgd"])
-    return torch.optim.AdamW(model.parameters(), lr=PARITY_LR["adamw"], betas=(train.adam_beta1, train.adam_beta2),
-                             weight_decay=train.weight_decay)
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=PARITY_LR["adamw"],
+        betas=(train.adam_beta1, train.adam_beta2),
+        weight_decay=train.weight_decay,
+    )
 
 
 def parity(root: str) -> dict[str, float]:
@@ -174,10 +228,15 @@ def parity(root: str) -> dict[str, float]:
     worst = {"loss": 0.0, "grad": 0.0, "param": 0.0, "adam_param": 0.0, "old_log_prob": 0.0, "is_weight": 0.0}
     for loss_type, beta, correction in CASES:
         run = os.path.join(root, f"{loss_type}-{beta}-{correction}")
-        ours = gyremedia_trainer(run, f"objective.loss_type={loss_type}", f"objective.kl_beta={beta}",
-                                 f"objective.importance_correction={correction}",
-                                 f"objective.correction_cap={CORRECTION_CAP}",
-                                 f"train.num_iterations={PARITY_STEPS}", "train.max_grad_norm=1e9")
+        ours = gyremedia_trainer(
+            run,
+            f"objective.loss_type={loss_type}",
+            f"objective.kl_beta={beta}",
+            f"objective.importance_correction={correction}",
+            f"objective.correction_cap={CORRECTION_CAP}",
+            f"train.num_iterations={PARITY_STEPS}",
+            "train.max_grad_norm=1e9",
+        )
         state = ours.state
         rollout = ours.collect_rollout(0)
         ours.score(rollout, 0)
@@ -185,24 +244,42 @@ def parity(root: str) -> dict[str, float]:
         sampler = None
         if correction != "none":  # an engine that disagrees with the trainer: what TIS / MIS correct
             noise = torch.randn(rollout.log_probs.shape, generator=torch.Generator().manual_seed(0))
-            sampler = rollout.log_probs = torch.where(rollout.mask.bool(), rollout.log_probs + SAMPLER_NOISE * noise, 0.0)
-        ctx = ObjectiveContext(backbone=state.backbone, sampler=None, guidance_scale=1.0, step=0,
-                               accelerator=ours.accelerator, minibatches=1, passes=PARITY_STEPS)
+            sampler = rollout.log_probs = torch.where(
+                rollout.mask.bool(), rollout.log_probs + SAMPLER_NOISE * noise, 0.0
+            )
+        ctx = ObjectiveContext(
+            backbone=state.backbone,
+            sampler=None,
+            guidance_scale=1.0,
+            step=0,
+            accelerator=ours.accelerator,
+            minibatches=1,
+            passes=PARITY_STEPS,
+        )
         objective: TokenGRPOObjective = state.objective
         objective.prepare(ctx, rollout)
-        theirs = trl_trainer(rollout.prompts, ours, loss_type=loss_type, beta=beta, steps=PARITY_STEPS,
-                             num_iterations=PARITY_STEPS, correction=correction,
-                             reward=fixed_rewards(rollout.reward.tolist()))
+        theirs = trl_trainer(
+            rollout.prompts,
+            ours,
+            loss_type=loss_type,
+            beta=beta,
+            steps=PARITY_STEPS,
+            num_iterations=PARITY_STEPS,
+            correction=correction,
+            reward=fixed_rewards(rollout.reward.tolist()),
+        )
         theirs.current_gradient_accumulation_steps = 1
         inputs = trl_batch(theirs, rollout, sampler)
         mask = rollout.mask.float()
-        worst["old_log_prob"] = max(worst["old_log_prob"], masked_max_diff(
-            inputs["old_per_token_logps"], rollout.extras["old_log_probs"], mask))
+        worst["old_log_prob"] = max(
+            worst["old_log_prob"], masked_max_diff(inputs["old_per_token_logps"], rollout.extras["old_log_probs"], mask)
+        )
         if (loss_type, beta, correction) == CASES[0]:
             advantage_scales(inputs["advantages"], rollout.advantages, ours.core.rollout.group_size)
         inputs["advantages"] = rollout.advantages  # the losses are compared on the same advantages
-        line = f"{loss_type:8} beta={beta:<5}" + (f" {correction.upper()} (TRL {CORRECTIONS[correction]})"
-                                                  if correction != "none" else "")
+        line = f"{loss_type:8} beta={beta:<5}" + (
+            f" {correction.upper()} (TRL {CORRECTIONS[correction]})" if correction != "none" else ""
+        )
         if correction != "none":
             weights = rollout.extras["is_weights"]
             ratio = torch.exp(rollout.extras["old_log_probs"] - sampler)
@@ -216,14 +293,19 @@ def parity(root: str) -> dict[str, float]:
         for optimizer in ("sgd", "adamw"):
             our_model.load_state_dict(start)
             theirs.model.load_state_dict(start)
-            ours_step, theirs_step = make_optimizer(optimizer, our_model, ours), make_optimizer(optimizer, theirs.model, ours)
+            ours_step, theirs_step = (
+                make_optimizer(optimizer, our_model, ours),
+                make_optimizer(optimizer, theirs.model, ours),
+            )
             loss_diff = grad_diff = 0.0
             for _ in range(PARITY_STEPS):
                 out = objective.loss(ctx, rollout, 0)
                 loss = out.loss
                 if beta:
-                    loss = loss + beta * state.regularizers["token_kl"](state=state, rollout=rollout,
-                                                                        outputs=out.outputs).loss
+                    loss = (
+                        loss
+                        + beta * state.regularizers["token_kl"](state=state, rollout=rollout, outputs=out.outputs).loss
+                    )
                 ours_step.zero_grad()
                 loss.backward()
                 their_loss = theirs._compute_loss(theirs.model, inputs)
@@ -236,14 +318,23 @@ def parity(root: str) -> dict[str, float]:
             params = max_diff(dict(our_model.named_parameters()), dict(theirs.model.named_parameters()))
             bites = theirs._metrics["train"]["clip_ratio/region_mean"][-1]  # at the last step
             if optimizer == "sgd":
-                worst.update(loss=max(worst["loss"], loss_diff), grad=max(worst["grad"], grad_diff),
-                             param=max(worst["param"], params))
-                print(f"{'':8} sgd lr {PARITY_LR['sgd']}: max |diff| loss {loss_diff:.1e}, gradient {grad_diff:.1e}, "
-                      f"params after {PARITY_STEPS} steps {params:.1e}; clip bites on {bites:.1%}", flush=True)
+                worst.update(
+                    loss=max(worst["loss"], loss_diff),
+                    grad=max(worst["grad"], grad_diff),
+                    param=max(worst["param"], params),
+                )
+                print(
+                    f"{'':8} sgd lr {PARITY_LR['sgd']}: max |diff| loss {loss_diff:.1e}, gradient {grad_diff:.1e}, "
+                    f"params after {PARITY_STEPS} steps {params:.1e}; clip bites on {bites:.1%}",
+                    flush=True,
+                )
             else:
                 worst["adam_param"] = max(worst["adam_param"], params)
-                print(f"{'':8} adamw lr {PARITY_LR['adamw']}: max |param diff| after {PARITY_STEPS} steps {params:.1e}; "
-                      f"clip bites on {bites:.1%}", flush=True)
+                print(
+                    f"{'':8} adamw lr {PARITY_LR['adamw']}: max |param diff| after {PARITY_STEPS} steps {params:.1e}; "
+                    f"clip bites on {bites:.1%}",
+                    flush=True,
+                )
     print(f"old policy's log-probs, TRL's forward against gyremedia's: max |diff| {worst['old_log_prob']:.1e}")
     return worst
 
@@ -252,9 +343,11 @@ def advantage_scales(theirs: torch.Tensor, ours: torch.Tensor, group: int) -> No
     """Print how TRL's advantages compare with gyremedia's from the same rewards (Bessel's correction or not)."""
     moved = ours.abs() > 1e-3
     ratio = theirs[moved] / ours[moved]
-    print(f"advantages from the same rewards, TRL / gyremedia: {float(ratio.min()):.4f} to {float(ratio.max()):.4f} "
-          f"(sqrt({group - 1}/{group}) = {math.sqrt((group - 1) / group):.4f}: TRL's scale_rewards=group divides by "
-          f"the std with Bessel's correction, gyremedia's advantage.std=group by the population std)")
+    print(
+        f"advantages from the same rewards, TRL / gyremedia: {float(ratio.min()):.4f} to {float(ratio.max()):.4f} "
+        f"(sqrt({group - 1}/{group}) = {math.sqrt((group - 1) / group):.4f}: TRL's scale_rewards=group divides by "
+        f"the std with Bessel's correction, gyremedia's advantage.std=group by the population std)"
+    )
 
 
 def checkpointed(model: torch.nn.Module) -> bool:
@@ -268,8 +361,13 @@ def worker(spec: dict) -> dict:
 
     probe, _ = make_probe()
     steps = spec["steps"] + 1  # the first warms up
-    overrides = [*spec["overrides"], f"backbone.gradient_checkpointing={spec['checkpointing']}",
-                 "objective.kl_beta=0", "objective.loss_type=dapo", f"train.steps={steps}"]
+    overrides = [
+        *spec["overrides"],
+        f"backbone.gradient_checkpointing={spec['checkpointing']}",
+        "objective.kl_beta=0",
+        "objective.loss_type=dapo",
+        f"train.steps={steps}",
+    ]
     times, parts = [], []
     if spec["side"] == "gyremedia":
         ours = gyremedia_trainer(spec["run_dir"], *overrides)
@@ -303,8 +401,16 @@ def worker(spec: dict) -> dict:
 
         settings = gyremedia_trainer(spec["run_dir"], *overrides, setup=False)
         clock = Clock()
-        theirs = trl_trainer(settings.prompts.prompts, settings, loss_type="dapo", beta=0.0, steps=steps,
-                             gradient_checkpointing=spec["checkpointing"], reward=reward, callbacks=[clock])
+        theirs = trl_trainer(
+            settings.prompts.prompts,
+            settings,
+            loss_type="dapo",
+            beta=0.0,
+            steps=steps,
+            gradient_checkpointing=spec["checkpointing"],
+            reward=reward,
+            callbacks=[clock],
+        )
         generation = theirs._generate_and_score_completions  # TRL's generation, rewards, advantages and log-probs
 
         def timed(*args, **kwargs):
@@ -317,9 +423,14 @@ def worker(spec: dict) -> dict:
         theirs.train()
         baseline, model = clock.baseline, theirs.model
     median = statistics.median(times[1:])
-    return {"step_s": median, "steps_per_s": 1 / median, "checkpointing": checkpointed(model),
-            "parts": {k: statistics.median(p[k] for p in parts[1:]) for k in parts[0]},
-            "peak_gib": probe.peak() / GiB, "growth_gib": (probe.peak() - baseline) / GiB}
+    return {
+        "step_s": median,
+        "steps_per_s": 1 / median,
+        "checkpointing": checkpointed(model),
+        "parts": {k: statistics.median(p[k] for p in parts[1:]) for k in parts[0]},
+        "peak_gib": probe.peak() / GiB,
+        "growth_gib": (probe.peak() - baseline) / GiB,
+    }
 
 
 def race(root: str, sizes: list[str], settings: list[str], steps: dict[str, int]) -> list[dict]:
@@ -341,19 +452,31 @@ def race(root: str, sizes: list[str], settings: list[str], steps: dict[str, int]
             for setting in settings:
                 row = {"size": size, "gradient_checkpointing": setting == "on"}
                 # who goes first alternates, so a load that rises or falls over the run favours neither
-                for side in ("gyremedia", "trl")[::1 if len(rows) % 2 == 0 else -1]:
+                for side in ("gyremedia", "trl")[:: 1 if len(rows) % 2 == 0 else -1]:
                     measured = {}
                     for kind, env in envs.items():
-                        spec = {"side": side, "overrides": overrides, "checkpointing": setting == "on",
-                                "steps": steps[size] if kind == "speed" else min(steps[size], 2),
-                                "run_dir": os.path.join(root, f"race-{size}-{setting}-{side}-{kind}")}
-                        done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], env=env,
-                                              capture_output=True, text=True, check=False)
+                        spec = {
+                            "side": side,
+                            "overrides": overrides,
+                            "checkpointing": setting == "on",
+                            "steps": steps[size] if kind == "speed" else min(steps[size], 2),
+                            "run_dir": os.path.join(root, f"race-{size}-{setting}-{side}-{kind}"),
+                        }
+                        done = subprocess.run(
+                            [sys.executable, __file__, "--worker", json.dumps(spec)],
+                            env=env,
+                            capture_output=True,
+                            text=True,
+                            check=False,
+                        )
                         if done.returncode:
                             sys.exit(f"{side} at {size}, checkpointing {setting}, failed:\n{done.stderr[-4000:]}")
                         measured[kind] = json.loads(done.stdout.splitlines()[-1])
-                    row[side] = {**measured["speed"], "peak_gib": measured["memory"]["peak_gib"],
-                                 "growth_gib": measured["memory"]["growth_gib"]}
+                    row[side] = {
+                        **measured["speed"],
+                        "peak_gib": measured["memory"]["peak_gib"],
+                        "growth_gib": measured["memory"]["growth_gib"],
+                    }
                     assert row[side]["checkpointing"] == row["gradient_checkpointing"], (side, row)
                 row["steps_per_s_ratio"] = row["gyremedia"]["steps_per_s"] / row["trl"]["steps_per_s"]
                 row["peak_ratio"] = row["gyremedia"]["peak_gib"] / row["trl"]["peak_gib"]
@@ -365,14 +488,22 @@ def race(root: str, sizes: list[str], settings: list[str], steps: dict[str, int]
 def print_row(row: dict) -> None:
     theirs, ours = row["trl"], row["gyremedia"]
     met = row["steps_per_s_ratio"] >= 1.3 and ours["peak_gib"] <= theirs["peak_gib"]
-    print(f"{row['size']:10} checkpointing {'on ' if row['gradient_checkpointing'] else 'off'}  "
-          f"steps/s TRL {theirs['steps_per_s']:7.3f}  gyremedia {ours['steps_per_s']:7.3f}  "
-          f"ratio {row['steps_per_s_ratio']:.2f}x  |  peak GiB (growth) TRL {theirs['peak_gib']:.2f} "
-          f"({theirs['growth_gib']:+.2f})  gyremedia {ours['peak_gib']:.2f} ({ours['growth_gib']:+.2f})  "
-          f"{'meets' if met else 'MISSES'} 1.3x and no more memory", flush=True)
-    print(f"{'':10} median step s: TRL {theirs['step_s']:.3f} ("
-          + ", ".join(f"{k} {v:.3f}" for k, v in theirs["parts"].items()) + f"), gyremedia {ours['step_s']:.3f} ("
-          + ", ".join(f"{k} {v:.3f}" for k, v in ours["parts"].items()) + ")", flush=True)
+    print(
+        f"{row['size']:10} checkpointing {'on ' if row['gradient_checkpointing'] else 'off'}  "
+        f"steps/s TRL {theirs['steps_per_s']:7.3f}  gyremedia {ours['steps_per_s']:7.3f}  "
+        f"ratio {row['steps_per_s_ratio']:.2f}x  |  peak GiB (growth) TRL {theirs['peak_gib']:.2f} "
+        f"({theirs['growth_gib']:+.2f})  gyremedia {ours['peak_gib']:.2f} ({ours['growth_gib']:+.2f})  "
+        f"{'meets' if met else 'MISSES'} 1.3x and no more memory",
+        flush=True,
+    )
+    print(
+        f"{'':10} median step s: TRL {theirs['step_s']:.3f} ("
+        + ", ".join(f"{k} {v:.3f}" for k, v in theirs["parts"].items())
+        + f"), gyremedia {ours['step_s']:.3f} ("
+        + ", ".join(f"{k} {v:.3f}" for k, v in ours["parts"].items())
+        + ")",
+        flush=True,
+    )
 
 
 def main() -> int:
@@ -390,19 +521,31 @@ def main() -> int:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0
     worst = {} if args.no_parity else parity(args.out)
-    rows = race(args.out, args.sizes, args.checkpointing, {"quickstart": args.speed_steps, "replica": args.replica_steps})
+    rows = race(
+        args.out, args.sizes, args.checkpointing, {"quickstart": args.speed_steps, "replica": args.replica_steps}
+    )
     headline = next((r for r in rows if r["size"] == "quickstart" and not r["gradient_checkpointing"]), None)
     import trl
 
-    print(json.dumps({"max_abs_loss_diff": worst.get("loss"), "max_abs_grad_diff": worst.get("grad"),
-                      "max_abs_param_diff": worst.get("param"), "max_abs_param_diff_adamw": worst.get("adam_param"),
-                      "max_abs_is_weight_diff": worst.get("is_weight"),
-                      "steps_per_s_ratio": headline and headline["steps_per_s_ratio"],
-                      "gradient_checkpointing": headline and {side: headline[side]["checkpointing"]
-                                                              for side in ("gyremedia", "trl")},
-                      "race": rows, "trl": trl.__version__, "torch": torch.__version__,
-                      "threads": torch.get_num_threads(),
-                      "hardware": f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU"}))
+    print(
+        json.dumps(
+            {
+                "max_abs_loss_diff": worst.get("loss"),
+                "max_abs_grad_diff": worst.get("grad"),
+                "max_abs_param_diff": worst.get("param"),
+                "max_abs_param_diff_adamw": worst.get("adam_param"),
+                "max_abs_is_weight_diff": worst.get("is_weight"),
+                "steps_per_s_ratio": headline and headline["steps_per_s_ratio"],
+                "gradient_checkpointing": headline
+                and {side: headline[side]["checkpointing"] for side in ("gyremedia", "trl")},
+                "race": rows,
+                "trl": trl.__version__,
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "hardware": f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU",
+            }
+        )
+    )
     return 0
 
 

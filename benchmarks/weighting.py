@@ -31,8 +31,16 @@ ACCURACY = "eval/shapes_verifier/correct"
 
 def run(weighting: str, seed: int, steps: int, out: Path) -> list[dict]:
     pm = PluginManager()
-    overrides = [f"run.output_dir={out}", f"run.seed={seed}", f"train.steps={steps}", f"checkpoint.every={steps}",
-                 "objective={name: awm}", f"weighting={weighting}", "export.on_train_end=false", "logging.progress=false"]
+    overrides = [
+        f"run.output_dir={out}",
+        f"run.seed={seed}",
+        f"train.steps={steps}",
+        f"checkpoint.every={steps}",
+        "objective={name: awm}",
+        f"weighting={weighting}",
+        "export.on_train_end=false",
+        "logging.progress=false",
+    ]
     Trainer(resolve_config(load_config(QUICKSTART, overrides), pm), pm).train()
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -47,26 +55,41 @@ def main() -> None:
     curves: dict[str, list[list[dict]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for weighting in args.weightings:
-            curves[weighting] = [run(weighting, seed, args.steps, Path(tmp) / f"{weighting}-{seed}") for seed in args.seeds]
+            curves[weighting] = [
+                run(weighting, seed, args.steps, Path(tmp) / f"{weighting}-{seed}") for seed in args.seeds
+            ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(curves))
 
-    print(f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads)")
-    print(f"AWM on the quickstart world, seeds {args.seeds}, {args.steps} steps; held-out accuracy (%), mean over seeds")
+    print(
+        f"hardware: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads)"
+    )
+    print(
+        f"AWM on the quickstart world, seeds {args.seeds}, {args.steps} steps; held-out accuracy (%), mean over seeds"
+    )
     evals = [r["step"] for r in curves[args.weightings[0]][0] if ACCURACY in r]
     print("| weighting | " + " | ".join(f"step {s}" for s in evals) + " | gain vs first row | chose |")
     print("|---" * (len(evals) + 3) + "|")
     reference = None
     for weighting, runs in curves.items():
-        means = [100 * sum(next(r[ACCURACY] for r in rows if r.get("step") == s and ACCURACY in r) for rows in runs) / len(runs)
-                 for s in evals]
+        means = [
+            100
+            * sum(next(r[ACCURACY] for r in rows if r.get("step") == s and ACCURACY in r) for rows in runs)
+            / len(runs)
+            for s in evals
+        ]
         gain = means[-1] - means[0]
         reference = gain if reference is None else reference
         last = [rows[-1] for rows in runs]
         profiles = BudgetedOptions().profiles
-        chose = ("kept " + ", ".join(profiles[int(r["weighting/profile"])] for r in last) if weighting == "budgeted" else
-                 "power " + ", ".join(f"{r['weighting/power']:.2f}" for r in last) if weighting == "dynamic" else "")
+        chose = (
+            "kept " + ", ".join(profiles[int(r["weighting/profile"])] for r in last)
+            if weighting == "budgeted"
+            else "power " + ", ".join(f"{r['weighting/power']:.2f}" for r in last)
+            if weighting == "dynamic"
+            else ""
+        )
         ratio = f"{gain / reference:.2f}x" if reference else "n/a (the first row gained nothing)"
         print(f"| {weighting} | " + " | ".join(f"{m:.1f}" for m in means) + f" | {ratio} | {chose} |")
 

@@ -33,17 +33,26 @@ ACCURACY, SSIM, PSNR = "eval/inverse_dynamics/accuracy", "eval/world_fidelity/ss
 
 def run(config: str, seed: int, overrides: list[str], out: Path) -> dict:
     pm = PluginManager()
-    resolved = resolve_config(load_config(bundled_config(config + ".yaml"),
-                                          [f"run.output_dir={out}", f"run.seed={seed}", "logging.progress=false",
-                                           *overrides]), pm)
+    resolved = resolve_config(
+        load_config(
+            bundled_config(config + ".yaml"),
+            [f"run.output_dir={out}", f"run.seed={seed}", "logging.progress=false", *overrides],
+        ),
+        pm,
+    )
     start = time.perf_counter()
     Trainer(resolved, pm).train()
     minutes = (time.perf_counter() - start) / 60
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if ACCURACY in r]
-    return {"seed": seed, "minutes": minutes, "accuracy": [evals[0][ACCURACY], evals[-1][ACCURACY]],
-            "ssim": [evals[0].get(SSIM), evals[-1].get(SSIM)], "psnr": [evals[0].get(PSNR), evals[-1].get(PSNR)],
-            "autoregressive": compare(out, clips=3, episodes=128)}
+    return {
+        "seed": seed,
+        "minutes": minutes,
+        "accuracy": [evals[0][ACCURACY], evals[-1][ACCURACY]],
+        "ssim": [evals[0].get(SSIM), evals[-1].get(SSIM)],
+        "psnr": [evals[0].get(PSNR), evals[-1].get(PSNR)],
+        "autoregressive": compare(out, clips=3, episodes=128),
+    }
 
 
 def main() -> None:
@@ -58,18 +67,24 @@ def main() -> None:
             result = run(args.config, seed, overrides, Path(tmp) / f"seed{seed}")
             results.append(result)
             print(json.dumps(result), flush=True)
-    print(f"\n{'seed':<6}{'accuracy base':>14}{'trained':>9}{'gain':>7}{'PSNR base':>11}{'trained':>9}"
-          f"{'SSIM base':>11}{'trained':>9}{'minutes':>9}")
+    print(
+        f"\n{'seed':<6}{'accuracy base':>14}{'trained':>9}{'gain':>7}{'PSNR base':>11}{'trained':>9}"
+        f"{'SSIM base':>11}{'trained':>9}{'minutes':>9}"
+    )
     for r in results:
         a, p, s = r["accuracy"], r["psnr"], r["ssim"]
-        print(f"{r['seed']:<6}{a[0]:>14.3f}{a[1]:>9.3f}{100 * (a[1] - a[0]):>+7.1f}{p[0]:>11.2f}{p[1]:>9.2f}"
-              f"{s[0]:>11.3f}{s[1]:>9.3f}{r['minutes']:>9.1f}")
+        print(
+            f"{r['seed']:<6}{a[0]:>14.3f}{a[1]:>9.3f}{100 * (a[1] - a[0]):>+7.1f}{p[0]:>11.2f}{p[1]:>9.2f}"
+            f"{s[0]:>11.3f}{s[1]:>9.3f}{r['minutes']:>9.1f}"
+        )
     print("\nautoregressive (3 clips, 128 held-out episodes): accuracy / PSNR / SSIM per clip")
     for r in results:
         for label in ("base", "trained"):
             clips = r["autoregressive"][label]
-            print(f"seed {r['seed']} {label:<8}" + "  ".join(f"{c['id_accuracy']:.3f} / {c['psnr']:.1f} / {c['ssim']:.3f}"
-                                                         for c in clips))
+            print(
+                f"seed {r['seed']} {label:<8}"
+                + "  ".join(f"{c['id_accuracy']:.3f} / {c['psnr']:.1f} / {c['ssim']:.3f}" for c in clips)
+            )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ import torch
 from gyremedia.distributed import gather_by_sample
 
 
-def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std: str = "group", eps: float = 1e-4) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, std: str = "group", eps: float = 1e-4
+) -> torch.Tensor:
     """``(r - mean_group) / (std + eps)`` for every sample (Flow-GRPO / GRPO normalisation).
 
     ``std`` is ``"group"`` (per-prompt population std), ``"global"`` (std of the whole batch) or
@@ -45,8 +47,14 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std: str = 
     return centred.float()
 
 
-def combined_advantages(rewards: torch.Tensor, weights: torch.Tensor, group_ids: torch.Tensor, combine: str = "sum",
-                        std: str = "group", eps: float = 1e-4) -> torch.Tensor:
+def combined_advantages(
+    rewards: torch.Tensor,
+    weights: torch.Tensor,
+    group_ids: torch.Tensor,
+    combine: str = "sum",
+    std: str = "group",
+    eps: float = 1e-4,
+) -> torch.Tensor:
     """Advantages from several rewards ``[B, R]`` with weights ``[R]``, or ``[B, R]`` (one weight
     vector per sample: a Pareto run's preference, the same within a group).
 
@@ -65,10 +73,17 @@ def combined_advantages(rewards: torch.Tensor, weights: torch.Tensor, group_ids:
     raise ValueError(f"advantage combine {combine!r}: expected sum or normalize_each")
 
 
-def distributed_group_advantages(accelerator, rewards: torch.Tensor, weights: torch.Tensor, group_ids: torch.Tensor,
-                                 sample_ids: torch.Tensor, combine: str = "sum", std: str = "group", eps: float = 1e-4,
-                                 normalize: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def distributed_group_advantages(
+    accelerator,
+    rewards: torch.Tensor,
+    weights: torch.Tensor,
+    group_ids: torch.Tensor,
+    sample_ids: torch.Tensor,
+    combine: str = "sum",
+    std: str = "group",
+    eps: float = 1e-4,
+    normalize: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's advantages, with group statistics taken over all ranks' samples.
 
     ``rewards`` is ``[B, R]`` (one column per reward), ``weights`` ``[R]`` or per sample ``[B, R]``.

@@ -145,8 +145,13 @@ def verify(path: Path) -> None:
 def rng_state() -> dict[str, Any]:
     """This process's random states as tensors and plain values (``weights_only`` reads them back)."""
     name, keys, pos, has_gauss, gaussian = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
-    numpy = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-             "has_gauss": int(has_gauss), "cached_gaussian": float(gaussian)}
+    numpy = {
+        "name": name,
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(gaussian),
+    }
     state = {"python": random.getstate(), "numpy": numpy, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -157,8 +162,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     numpy = state["numpy"]
     if isinstance(numpy, dict):
-        numpy = (numpy["name"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
-                 numpy["cached_gaussian"])
+        numpy = (
+            numpy["name"],
+            numpy["keys"].numpy().astype(np.uint32),
+            numpy["pos"],
+            numpy["has_gauss"],
+            numpy["cached_gaussian"],
+        )
     np.random.set_state(numpy)  # a checkpoint written before 2026-12 holds numpy's own tuple
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
@@ -214,8 +224,10 @@ def check_plain(value: Any, where: str) -> None:
     raise CheckpointError(f"{where} is a {kind.__module__}.{kind.__qualname__}: {_PLAIN_ONLY}")
 
 
-_PLAIN_ONLY = ("a checkpoint stores tensors, numbers, strings, lists and dicts only (it is read back with "
-               "torch.load(weights_only=True), which runs no code): convert it in its state_dict")
+_PLAIN_ONLY = (
+    "a checkpoint stores tensors, numbers, strings, lists and dicts only (it is read back with "
+    "torch.load(weights_only=True), which runs no code): convert it in its state_dict"
+)
 
 
 def _all_ranks_ok(accelerator, ok: bool) -> bool:
@@ -231,16 +243,25 @@ def _worst_on_any_rank(accelerator, code: int) -> int:
     return int(codes.max().item())
 
 
-def _write_state(tmp: Path, plugins: dict[str, Any], component_state: dict[str, Any], *,
-                 weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any], scheduler: Any,
-                 config_yaml: str) -> None:
+def _write_state(
+    tmp: Path,
+    plugins: dict[str, Any],
+    component_state: dict[str, Any],
+    *,
+    weights: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any],
+    scheduler: Any,
+    config_yaml: str,
+) -> None:
     """The main rank's files of a checkpoint, once every state is checked to be plain values."""
     for name, value in plugins.items():
         try:
             json.dumps(value)
         except (TypeError, ValueError) as exc:
-            raise CheckpointError(f"plugin {name!r} returned a state from gyremedia_on_save_checkpoint "
-                                  f"that is not JSON ({exc}): return numbers, strings, lists and dicts") from exc
+            raise CheckpointError(
+                f"plugin {name!r} returned a state from gyremedia_on_save_checkpoint "
+                f"that is not JSON ({exc}): return numbers, strings, lists and dicts"
+            ) from exc
     for name, value in component_state.items():
         check_plain(value, f"the state of {name}")
     _write(tmp / WEIGHTS, save({k: v.detach().contiguous().cpu() for k, v in weights.items()}))
@@ -251,20 +272,52 @@ def _write_state(tmp: Path, plugins: dict[str, Any], component_state: dict[str, 
         _write(tmp / COMPONENTS, _torch_bytes(component_state))
 
 
-def _publish(tmp: Path, final: Path, trainer_state: dict[str, Any]) -> None:
-    """The trainer state and the manifest of sizes, then the folder renamed to its final name in one step."""
-    _write(tmp / TRAINER_STATE, json.dumps(trainer_state, indent=2).encode())
-    sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.name != MANIFEST}
-    _write(tmp / MANIFEST, json.dumps(sizes, indent=1).encode())
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+def _publish(tmp: Path, final: Path, trainer_state: dict[str, Any], keep_last: int) -> Exception | None:
+    """Main rank: the trainer state and the manifest of sizes, the folder renamed to its final name in one step,
+    then the old checkpoints pruned. Returns what failed, if anything (a failed prune is only a warning)."""
+    try:
+        _write(tmp / TRAINER_STATE, json.dumps(trainer_state, indent=2).encode())
+        sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.name != MANIFEST}
+        _write(tmp / MANIFEST, json.dumps(sizes, indent=1).encode())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except Exception as exc:  # noqa: BLE001 - every rank must hear of it (a lone raise hangs the others)
+        return exc
+    try:  # the checkpoint is written: failing to tidy the old ones is worth a warning, not a stop
+        prune(final.parent.parent, keep_last, keep=final)
+    except OSError as exc:
+        logger.warning("could not prune the old checkpoints in %s: %s", final.parent, exc)
+    return None
 
 
-def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str, torch.Tensor],
-                    optimizer_state: dict[str, Any], scheduler, plugin_state: Callable[[Path], dict[str, Any]],
-                    keep_last: int, config_yaml: str, component_state: dict[str, Any] | None = None,
-                    sharded: bool = False) -> Path:
+def _empty_folder(accelerator: Any, tmp: Path) -> Exception | None:
+    """The main rank makes ``tmp`` anew and empty; every rank waits for it. Returns what failed, if anything."""
+    error: Exception | None = None
+    if accelerator.is_main_process:
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        except OSError as exc:
+            error = exc
+    accelerator.wait_for_everyone()
+    return error
+
+
+def save_checkpoint(
+    accelerator,
+    run_dir: Path,
+    step: int,
+    *,
+    weights: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any],
+    scheduler,
+    plugin_state: Callable[[Path], dict[str, Any]],
+    keep_last: int,
+    config_yaml: str,
+    component_state: dict[str, Any] | None = None,
+    sharded: bool = False,
+) -> Path:
     """Write the checkpoint of ``step`` (every rank calls this) and prune old ones on the main rank.
 
     ``weights`` and ``optimizer_state`` are the main rank's (whole, also when the model is ``sharded``:
@@ -278,14 +331,7 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str,
     root = Path(run_dir) / CHECKPOINT_DIR
     final = root / checkpoint_name(step)
     tmp = root / f".tmp-{checkpoint_name(step)}"
-    error: Exception | None = None
-    if accelerator.is_main_process:
-        try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        except OSError as exc:
-            error = exc
-    accelerator.wait_for_everyone()
+    error = _empty_folder(accelerator, tmp)
     plugins: dict[str, Any] = {}
     try:
         if error is None and not tmp.is_dir():
@@ -294,22 +340,21 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, *, weights: dict[str,
             _write(tmp / f"rng_rank{accelerator.process_index}.pt", _torch_bytes(rng_state()))
             plugins = plugin_state(tmp)
             if accelerator.is_main_process:
-                _write_state(tmp, plugins, component_state or {}, weights=weights, optimizer_state=optimizer_state,
-                             scheduler=scheduler, config_yaml=config_yaml)
+                _write_state(
+                    tmp,
+                    plugins,
+                    component_state or {},
+                    weights=weights,
+                    optimizer_state=optimizer_state,
+                    scheduler=scheduler,
+                    config_yaml=config_yaml,
+                )
     except Exception as exc:  # noqa: BLE001 - whatever fails, every rank must hear of it (a lone raise hangs the others)
         error = exc
     _stop_unless_written(accelerator, error, tmp, step)
     if accelerator.is_main_process:
-        try:
-            state = {"step": step, "num_processes": accelerator.num_processes, "sharded": sharded, "plugins": plugins}
-            _publish(tmp, final, state)
-        except Exception as exc:  # noqa: BLE001 - as above
-            error = exc
-        try:  # the checkpoint is written: failing to tidy the old ones is worth a warning, not a stop
-            if error is None:
-                prune(run_dir, keep_last, keep=final)
-        except OSError as exc:
-            logger.warning("could not prune the old checkpoints in %s: %s", root, exc)
+        state = {"step": step, "num_processes": accelerator.num_processes, "sharded": sharded, "plugins": plugins}
+        error = _publish(tmp, final, state, keep_last)
     _stop_unless_written(accelerator, error, tmp, step)
     return final
 
@@ -325,8 +370,10 @@ def _stop_unless_written(accelerator, error: Exception | None, tmp: Path, step: 
         raise CheckpointError(f"{where}: {error}; the previous checkpoints are intact") from error
     if isinstance(error, OSError):
         why = f"{type(error).__name__}: {error.strerror or error}"
-        raise CheckpointError(f"{where} ({why}): free disk space or fix the folder's permissions (run.output_dir); "
-                              "the previous checkpoints are intact") from error
+        raise CheckpointError(
+            f"{where} ({why}): free disk space or fix the folder's permissions (run.output_dir); "
+            "the previous checkpoints are intact"
+        ) from error
     why = f"{type(error).__name__}: {error}" if error is not None else "another process failed to write its part"
     raise CheckpointError(f"{where} ({why}); the previous checkpoints are intact") from error
 
@@ -348,8 +395,13 @@ def _numpy_rng_globals() -> list[Any]:
     core = getattr(np, "_core", None) or np.core
     reconstruct = core.multiarray._reconstruct
     # numpy 2 pickles it as numpy._core..., numpy 1 as numpy.core...
-    return [reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct"), np.ndarray, np.dtype,
-            type(np.dtype(np.uint32))]
+    return [
+        reconstruct,
+        (reconstruct, "numpy.core.multiarray._reconstruct"),
+        np.ndarray,
+        np.dtype,
+        type(np.dtype(np.uint32)),
+    ]
 
 
 def load_plain(file: Path, *, map_location: Any = None, old_rng: bool = False) -> Any:
@@ -372,7 +424,8 @@ def load_plain(file: Path, *, map_location: Any = None, old_rng: bool = False) -
             f"{file} holds Python objects ({', '.join(unsafe)}), not only tensors and plain values: gyremedia refuses "
             "to load it, since unpickling them could run any code; if you wrote it yourself and trust it, resume "
             "from an earlier checkpoint, or start a new run (run.output_dir) from its trainable.safetensors "
-            "weights") from exc
+            "weights"
+        ) from exc
     except (RuntimeError, EOFError, ValueError) as exc:  # a read error (OSError) is the disk's, not the file's
         if isinstance(exc, torch.OutOfMemoryError):
             raise
@@ -449,12 +502,14 @@ def read_latest_checkpoint(accelerator, run_dir: Path) -> LoadedCheckpoint | Non
         raise NoUsableCheckpoint(
             f"{run_dir}: every checkpoint is damaged ({'; '.join(damaged)}); they were moved to "
             f"{Path(run_dir) / CHECKPOINT_DIR / DAMAGED_DIR}: restore a good copy of one into "
-            f"{Path(run_dir) / CHECKPOINT_DIR}, or start a new run (run.output_dir)")
+            f"{Path(run_dir) / CHECKPOINT_DIR}, or start a new run (run.output_dir)"
+        )
     return None
 
 
-def apply_checkpoint(loaded: LoadedCheckpoint, *, load_optimizer: Callable[[dict[str, Any]], None], scheduler,
-                     process_index: int) -> None:
+def apply_checkpoint(
+    loaded: LoadedCheckpoint, *, load_optimizer: Callable[[dict[str, Any]], None], scheduler, process_index: int
+) -> None:
     """Restore the optimizer (through ``load_optimizer``), the LR schedule and this rank's RNG from a
     checkpoint that was read whole."""
     load_optimizer(loaded.optimizer)
@@ -462,5 +517,9 @@ def apply_checkpoint(loaded: LoadedCheckpoint, *, load_optimizer: Callable[[dict
     if loaded.rng is not None:
         set_rng_state(loaded.rng)
     else:
-        logger.warning("%s has no RNG state for rank %d (saved with %d processes); continuing with fresh RNG",
-                       loaded.path, process_index, loaded.state["num_processes"])
+        logger.warning(
+            "%s has no RNG state for rank %d (saved with %d processes); continuing with fresh RNG",
+            loaded.path,
+            process_index,
+            loaded.state["num_processes"],
+        )

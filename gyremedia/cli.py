@@ -25,8 +25,9 @@ def bundled_config(name: str) -> Path:
 
 def bundled_names() -> list[str]:
     """The names of the configs shipped with the package (``gyremedia train NAME``)."""
-    return sorted(p.name.removesuffix(".yaml") for p in resources.files("gyremedia.configs").iterdir()
-                  if p.name.endswith(".yaml"))
+    return sorted(
+        p.name.removesuffix(".yaml") for p in resources.files("gyremedia.configs").iterdir() if p.name.endswith(".yaml")
+    )
 
 
 def _resolve(config_path: str | None, overrides: list[str], pm: PluginManager) -> ResolvedConfig:
@@ -35,10 +36,17 @@ def _resolve(config_path: str | None, overrides: list[str], pm: PluginManager) -
     elif not Path(config_path).is_file():
         shipped = bundled_config(config_path if config_path.endswith(".yaml") else config_path + ".yaml")
         if not shipped.is_file():
-            hint = "; an override looks like key=value" if "=" not in config_path and "." in config_path.strip(".") \
-                and not config_path.endswith((".yaml", ".yml")) else ""
-            raise ConfigError(f"config file {config_path!r} not found (nor among the bundled configs: "
-                              f"{', '.join(bundled_names())}){hint}")
+            hint = (
+                "; an override looks like key=value"
+                if "=" not in config_path
+                and "." in config_path.strip(".")
+                and not config_path.endswith((".yaml", ".yml"))
+                else ""
+            )
+            raise ConfigError(
+                f"config file {config_path!r} not found (nor among the bundled configs: "
+                f"{', '.join(bundled_names())}){hint}"
+            )
         config_path = str(shipped)
     return resolve_config(load_config(config_path, overrides), pm)
 
@@ -92,46 +100,85 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if key not in result.scores:
             raise ConfigError(f"eval.metric={key!r} is not among the scores: {', '.join(sorted(result.scores))}")
         results[label] = result
+    report = _eval_report(results, key)
+    report["checkpoint"] = str(checkpoint)
+    # what plugins add (a Pareto run's front): into the report, and lines to print after the table
+    extra = [
+        line
+        for lines in pm.hook.gyremedia_eval_report(
+            config=config, backbone=backbone, sampler=sampler, rewards=rewards, report=report
+        )
+        for line in lines or []
+    ]
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    _print_eval_report(report, results, key)
+    for line in extra:
+        print(line)
+    return 0
+
+
+def _eval_report(results: dict[str, Any], key: str) -> dict[str, Any]:
+    """The base and trained models' means, the paired gain in ``key`` and every score's paired difference."""
+    from gyremedia import evaluation
+
     prefix = key.split("/")[0] + "/"
     report: dict[str, Any] = {
-        label: {"accuracy": evaluation.nanmean(r.scores[key]),
-                **{k[len(prefix):]: evaluation.nanmean(v) for k, v in r.scores.items() if k.startswith(prefix) and k != key},
-                "diversity": evaluation.in_group_diversity(r.media, r.prompts)}
+        label: {
+            "accuracy": evaluation.nanmean(r.scores[key]),
+            **{
+                k[len(prefix) :]: evaluation.nanmean(v)
+                for k, v in r.scores.items()
+                if k.startswith(prefix) and k != key
+            },
+            "diversity": evaluation.in_group_diversity(r.media, r.prompts),
+        }
         for label, r in results.items()
     }
     gold = sorted(k for k in results["base"].scores if k.startswith("gold/"))
     if gold:  # held-out rewards the run never trained on: did the gain cost them?
-        report["gold"] = {k[len("gold/"):]: {label: evaluation.nanmean(r.scores[k]) for label, r in results.items()} for k in gold}
+        report["gold"] = {
+            k[len("gold/") :]: {label: evaluation.nanmean(r.scores[k]) for label, r in results.items()} for k in gold
+        }
     report["gain"] = evaluation.paired_gain(results["base"].scores[key], results["trained"].scores[key])
     # every score (rewards, their parts, gold rewards), trained minus base over the same samples
-    report["differences"] = {k: evaluation.paired_difference(results["base"].scores[k], results["trained"].scores[k])
-                             for k in sorted(results["base"].scores) if k in results["trained"].scores}
+    report["differences"] = {
+        k: evaluation.paired_difference(results["base"].scores[k], results["trained"].scores[k])
+        for k in sorted(results["base"].scores)
+        if k in results["trained"].scores
+    }
     report["metric"] = key
     report["samples"] = len(results["base"].prompts)
-    report["checkpoint"] = str(checkpoint)
-    # what plugins add (a Pareto run's front): into the report, and lines to print after the table
-    extra = [line for lines in pm.hook.gyremedia_eval_report(config=config, backbone=backbone, sampler=sampler,
-                                                              rewards=rewards, report=report) for line in lines or []]
-    if args.json:
-        print(json.dumps(report))
-        return 0
+    return report
+
+
+def _print_eval_report(report: dict[str, Any], results: dict[str, Any], key: str) -> None:
+    from gyremedia import evaluation
+
     gain = report["gain"]
-    print(f"{key} on {report['samples']} fixed-seed samples of the eval prompts ({checkpoint})")
-    rows = {**{name: (report["base"][name], report["trained"][name]) for name in report["base"]},
-            **{f"gold/{name}": (v["base"], v["trained"]) for name, v in report.get("gold", {}).items()}}
+    print(f"{key} on {report['samples']} fixed-seed samples of the eval prompts ({report['checkpoint']})")
+    rows = {
+        **{name: (report["base"][name], report["trained"][name]) for name in report["base"]},
+        **{f"gold/{name}": (v["base"], v["trained"]) for name, v in report.get("gold", {}).items()},
+    }
     width = max(map(len, rows)) + 2
     print(f"{'':<{width}}{'base':>10}{'trained':>10}")
     for name, (base, trained) in rows.items():
         print(f"{name:<{width}}{base:>10.3f}{trained:>10.3f}")
     print(f"gain: {gain['points']:+.1f} points (95% CI {gain['ci95_low']:+.1f} to {gain['ci95_high']:+.1f}, paired)")
     width = max(map(len, report["differences"])) + 2
-    print(f"\nevery score, trained - base (paired 95% interval):\n{'':<{width}}{'base':>10}{'trained':>10}{'change':>10}")
+    print(
+        f"\nevery score, trained - base (paired 95% interval):\n{'':<{width}}{'base':>10}{'trained':>10}{'change':>10}"
+    )
     for name, d in report["differences"].items():
-        base, trained = evaluation.nanmean(results["base"].scores[name]), evaluation.nanmean(results["trained"].scores[name])
-        print(f"{name:<{width}}{base:>10.4g}{trained:>10.4g}{d['mean']:>+10.4g}  ({d['ci95_low']:+.4g} to {d['ci95_high']:+.4g})")
-    for line in extra:
-        print(line)
-    return 0
+        base, trained = (
+            evaluation.nanmean(results["base"].scores[name]),
+            evaluation.nanmean(results["trained"].scores[name]),
+        )
+        print(
+            f"{name:<{width}}{base:>10.4g}{trained:>10.4g}{d['mean']:>+10.4g}  ({d['ci95_low']:+.4g} to {d['ci95_high']:+.4g})"
+        )
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -201,51 +248,84 @@ def cmd_serve_reward(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the full traceback of an error instead of its one-line message")
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the full traceback of an error instead of its one-line message",
+    )
     parser = argparse.ArgumentParser(prog="gyremedia", description=__doc__, parents=[common])
     commands = parser.add_subparsers(dest="command")
-    train = commands.add_parser("train", parents=[common],
-                                help="train from a yaml (default: the quickstart) plus key=value overrides")
+    train = commands.add_parser(
+        "train", parents=[common], help="train from a yaml (default: the quickstart) plus key=value overrides"
+    )
     train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete checkpoint")
-    train.add_argument("--override-resumed", metavar="KEY", action="append", default=[],
-                       help="with --resume: let KEY (or a whole section) differ from the settings the run was trained "
-                            "with, e.g. --override-resumed train.learning_rate (repeatable; docs/errors.md)")
+    train.add_argument(
+        "--override-resumed",
+        metavar="KEY",
+        action="append",
+        default=[],
+        help="with --resume: let KEY (or a whole section) differ from the settings the run was trained "
+        "with, e.g. --override-resumed train.learning_rate (repeatable; docs/errors.md)",
+    )
     train.set_defaults(func=cmd_train)
-    config = commands.add_parser("config", parents=[common], help="validate a config and print it with every default filled in")
+    _add_run_commands(commands, common)
+    return parser
+
+
+def _add_run_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    """The commands that read a config or a run folder: config, eval, export, plugins, serve-reward."""
+    config = commands.add_parser(
+        "config", parents=[common], help="validate a config and print it with every default filled in"
+    )
     config.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     config.set_defaults(func=cmd_config)
-    evaluate = commands.add_parser("eval", parents=[common], help="held-out score of the base and trained models, with a 95%% interval")
+    evaluate = commands.add_parser(
+        "eval", parents=[common], help="held-out score of the base and trained models, with a 95%% interval"
+    )
     evaluate.add_argument("run_dir")
     evaluate.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. eval.samples=512")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object: base, trained, gain")
     evaluate.set_defaults(func=cmd_eval)
-    export = commands.add_parser("export", parents=[common], help="write the trained model as a diffusers pipeline folder")
+    export = commands.add_parser(
+        "export", parents=[common], help="write the trained model as a diffusers pipeline folder"
+    )
     export.add_argument("run_dir")
     export.add_argument("out_dir")
-    export.add_argument("--lora-only", action="store_true",
-                        help="save only the LoRA adapters, for pipe.load_lora_weights (default: merged weights)")
-    export.add_argument("--overwrite", action="store_true",
-                        help="replace what OUT_DIR holds (refused by default when it is not empty)")
+    export.add_argument(
+        "--lora-only",
+        action="store_true",
+        help="save only the LoRA adapters, for pipe.load_lora_weights (default: merged weights)",
+    )
+    export.add_argument(
+        "--overwrite", action="store_true", help="replace what OUT_DIR holds (refused by default when it is not empty)"
+    )
     export.set_defaults(func=cmd_export)
-    plugins = commands.add_parser("plugins", parents=[common], help="list plugins, what they register and the hooks they implement")
+    plugins = commands.add_parser(
+        "plugins", parents=[common], help="list plugins, what they register and the hooks they implement"
+    )
     plugins.add_argument("--json", action="store_true", help="print one JSON object")
     plugins.set_defaults(func=cmd_plugins)
-    served = commands.add_parser("serve-reward", parents=[common],
-                                 help="serve a registered reward over HTTP for the 'remote' reward (its own process and "
-                                      "environment)")
+    served = commands.add_parser(
+        "serve-reward",
+        parents=[common],
+        help="serve a registered reward over HTTP for the 'remote' reward (its own process and environment)",
+    )
     served.add_argument("name", help="the registered reward (see `gyremedia plugins`)")
     served.add_argument("options", nargs="*", metavar="key=value", help="the reward's options")
-    served.add_argument("--host", default="127.0.0.1", help="the address to bind (default: loopback only; 0.0.0.0 "
-                                                            "serves every network this machine is on)")
+    served.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to bind (default: loopback only; 0.0.0.0 serves every network this machine is on)",
+    )
     served.add_argument("--port", type=int, default=8000, help="the port (0: any free one, printed at start)")
     served.add_argument("--device", default="cuda" if _has_cuda() else "cpu", help="where the reward's model runs")
     served.add_argument("--max-batch", type=int, default=64, help="samples scored in one call at most")
-    served.add_argument("--batch-wait", type=float, default=0.005,
-                        help="seconds a request waits for others to be scored with it")
+    served.add_argument(
+        "--batch-wait", type=float, default=0.005, help="seconds a request waits for others to be scored with it"
+    )
     served.set_defaults(func=cmd_serve_reward)
-    return parser
 
 
 def _has_cuda() -> bool:
@@ -277,8 +357,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # Errors a user can act on print one line (the key and the fix) and their class's exit code (the table in
     # docs/errors.md); --debug shows the traceback.
-    return _one_line_errors(args, (ConfigError, PluginError, RewardError, NonFiniteLoss, CheckpointError, Interrupted,
-                                   FailedElsewhere))
+    return _one_line_errors(
+        args, (ConfigError, PluginError, RewardError, NonFiniteLoss, CheckpointError, Interrupted, FailedElsewhere)
+    )
 
 
 def _one_line_errors(args: argparse.Namespace, actionable: tuple[type[Exception], ...]) -> int:

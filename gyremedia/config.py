@@ -48,18 +48,30 @@ class RunSection:
 
 @dataclass
 class DataSection:
-    prompts: list[str] = option(default_factory=list, help="training prompts",
-                                hint="data.prompts is a list of prompts, e.g. data.prompts=[a cat, a dog]; "
-                                     "for a file use data.prompts_file")
-    prompts_file: str | None = option(None, check=prompts_file, help="one prompt per line, or records (.jsonl, .json, "
-                                      ".csv, .parquet: the text under data.prompt_column, the rest its fields); "
-                                      "added to data.prompts")
-    dataset: str | None = option(None, help="a Hugging Face dataset of records (a save_to_disk folder, a folder of "
-                                 "data files or a hub id; pip install 'gyremedia[data]'); added to data.prompts")
+    prompts: list[str] = option(
+        default_factory=list,
+        help="training prompts",
+        hint="data.prompts is a list of prompts, e.g. data.prompts=[a cat, a dog]; for a file use data.prompts_file",
+    )
+    prompts_file: str | None = option(
+        None,
+        check=prompts_file,
+        help="one prompt per line, or records (.jsonl, .json, "
+        ".csv, .parquet: the text under data.prompt_column, the rest its fields); "
+        "added to data.prompts",
+    )
+    dataset: str | None = option(
+        None,
+        help="a Hugging Face dataset of records (a save_to_disk folder, a folder of "
+        "data files or a hub id; pip install 'gyremedia[data]'); added to data.prompts",
+    )
     split: str = option("train", help="the split of data.dataset")
     prompt_column: str = option("prompt", help="the field of a record that holds the prompt's text")
-    eval_prompts: list[str] = option(default_factory=list, help="held-out prompts (default: the training prompts)",
-                                     hint="data.eval_prompts is a list of prompts; for a file use eval.prompts_file")
+    eval_prompts: list[str] = option(
+        default_factory=list,
+        help="held-out prompts (default: the training prompts)",
+        hint="data.eval_prompts is a list of prompts; for a file use eval.prompts_file",
+    )
 
 
 @dataclass
@@ -77,14 +89,22 @@ class RolloutSection:
     # branch_roots * branch_width ** len(branch_steps).
     branch_steps: list[int] = option(default_factory=list, ge=0, help="tree rollouts: step indices where nodes split")
     branch_width: int = option(2, ge=2, help="tree rollouts: children per split")
-    branch_roots: int = option(1, ge=1, help="tree rollouts: trees per group, each from its own initial noise "
-                                             "(more diverse leaves)")
+    branch_roots: int = option(
+        1, ge=1, help="tree rollouts: trees per group, each from its own initial noise (more diverse leaves)"
+    )
     # Sol-RL's two-stage rollouts: per prompt, `candidates` cheap samples (`candidate_steps` steps of the
     # eval sampler) are scored by the run's rewards; the group_size / 2 best and worst of their initial
     # noises are then sampled at full quality with the run's sampler, and only those are trained on.
-    candidates: int = option(0, ge=0, help="candidate initial noises drawn per prompt and scored cheaply "
-                                           "(a multiple of group_size); 0 = one-stage rollouts", owner="candidates")
-    candidate_steps: int = option(3, ge=1, help="denoising steps of each candidate (the eval sampler's)", owner="candidates")
+    candidates: int = option(
+        0,
+        ge=0,
+        help="candidate initial noises drawn per prompt and scored cheaply "
+        "(a multiple of group_size); 0 = one-stage rollouts",
+        owner="candidates",
+    )
+    candidate_steps: int = option(
+        3, ge=1, help="denoising steps of each candidate (the eval sampler's)", owner="candidates"
+    )
 
 
 @dataclass
@@ -104,8 +124,9 @@ class TrainSection:
     # their activations' memory from sampling to training (no saving under gradient checkpointing). Off by
     # default, so a run stays the same draw as the figures recorded without it. Under DDP that minibatch averages
     # its gradients itself; a sharded (FSDP2) model replays.
-    reuse_rollout_forward: bool = option(False, help="train the first minibatch on the rollout's own forwards "
-                                                     "(grpo; not sharded)", owner="forward_reuse")
+    reuse_rollout_forward: bool = option(
+        False, help="train the first minibatch on the rollout's own forwards (grpo; not sharded)", owner="forward_reuse"
+    )
     # torch.compile of the policy's network and its frozen reference copy, in place (nn.Module.compile: the same
     # parameter names, so checkpoints and exports do not change). The first rollout, update and evaluation compile
     # (about a minute on a CPU), later steps run the compiled kernels. They round differently from eager ones, so
@@ -115,8 +136,9 @@ class TrainSection:
     max_grad_norm: float = option(1.0, gt=0, help="gradients are clipped to this global norm")
     warmup_steps: int = option(0, ge=0, help="linear learning-rate warm-up steps")
     num_minibatches: int = option(1, ge=1, help="optimizer steps per pass over a rollout; each takes a slice of it")
-    num_iterations: int = option(1, ge=1, help="passes over each rollout (PPO epochs); ratio objectives compare "
-                                               "with the policy that sampled it")
+    num_iterations: int = option(
+        1, ge=1, help="passes over each rollout (PPO epochs); ratio objectives compare with the policy that sampled it"
+    )
     # A step whose loss or gradient is NaN or inf: "stop" ends the run there naming the loss terms that were
     # not finite (the weights and checkpoints stay finite); "skip" drops that update and counts it
     # (metric train/nonfinite_skipped).
@@ -139,18 +161,31 @@ class AdvantageSection:
     combine: Literal["sum", "normalize_each"] = option("sum", help="how several rewards become one advantage")
     # DDPO's per-prompt stat tracker: a prompt's statistics come from its last `history` rewards over
     # all steps (this step's group included), the whole batch's until it has `min_count` of them.
-    history: int = option(0, ge=0, help="rewards kept per prompt across steps for its mean and std (DDPO's "
-                                        "buffer_size 16); 0 = this step's group only", owner="prompt_history")
-    min_count: int = option(16, ge=1, help="with history: fewer rewards of a prompt use the batch's statistics "
-                                           "(DDPO's min_count)", owner="prompt_history")
+    history: int = option(
+        0,
+        ge=0,
+        help="rewards kept per prompt across steps for its mean and std (DDPO's "
+        "buffer_size 16); 0 = this step's group only",
+        owner="prompt_history",
+    )
+    min_count: int = option(
+        16,
+        ge=1,
+        help="with history: fewer rewards of a prompt use the batch's statistics (DDPO's min_count)",
+        owner="prompt_history",
+    )
 
 
 @dataclass
 class ParetoSection:
     """ParetoSlider: one model conditioned on reward-preference weights instead of a fixed weighted sum."""
 
-    enabled: bool = option(False, help="needs >= 2 rewards and a backbone with preference_inputs = their number", owner="pareto")
-    concentration: float = option(1.0, gt=0, help="Dirichlet alpha of the weights drawn per prompt group (1: uniform)", owner="pareto")
+    enabled: bool = option(
+        False, help="needs >= 2 rewards and a backbone with preference_inputs = their number", owner="pareto"
+    )
+    concentration: float = option(
+        1.0, gt=0, help="Dirichlet alpha of the weights drawn per prompt group (1: uniform)", owner="pareto"
+    )
     sweep: int = option(5, ge=2, help="weight settings evaluated after training (the front)", owner="pareto")
 
 
@@ -158,8 +193,12 @@ class ParetoSection:
 class MonitorSection:
     """Reward-hacking monitor (plugins/gyremedia_features/monitor.py); ``monitor.gold`` lists held-out rewards like ``rewards``."""
 
-    tolerance: float = option(0.005, ge=0, help="changes of eval means smaller than this count as flat", owner="monitor")
-    min_diversity: float = option(0.5, ge=0, le=1, help="warn below this share of the first eval's in-group diversity", owner="monitor")
+    tolerance: float = option(
+        0.005, ge=0, help="changes of eval means smaller than this count as flat", owner="monitor"
+    )
+    min_diversity: float = option(
+        0.5, ge=0, le=1, help="warn below this share of the first eval's in-group diversity", owner="monitor"
+    )
     drift: bool = option(False, help="measure the velocity drift from the reference at each eval", owner="monitor")
     drift_levels: int = option(3, ge=1, help="noise levels the drift is measured at", owner="monitor")
 
@@ -176,15 +215,20 @@ class CheckpointSection:
 @dataclass
 class EvalSection:
     every: int = option(0, ge=0, help="steps between evaluations; 0 evaluates only before and after training")
-    prompts_file: str | None = option(None, check=prompts_file,
-                                      help="held-out prompts or records, read as data.prompts_file is (default: "
-                                           "data.eval_prompts, else the train prompts)")
+    prompts_file: str | None = option(
+        None,
+        check=prompts_file,
+        help="held-out prompts or records, read as data.prompts_file is (default: "
+        "data.eval_prompts, else the train prompts)",
+    )
     dataset: str | None = option(None, help="held-out records from a Hugging Face dataset, as data.dataset")
     split: str = option("test", help="the split of eval.dataset")
     samples: int = option(256, ge=2, help="samples per evaluation, prompts cycled; the same seeds every time")
     seed: int = option(1234, ge=0, help="seed of the evaluation's noise")
     num_steps: int | None = option(None, ge=1, help="transitions per sample (default: rollout.num_steps)")
-    metric: str | None = option(None, help="'<reward>/<component>' reported as accuracy (default: the first reward's score)")
+    metric: str | None = option(
+        None, help="'<reward>/<component>' reported as accuracy (default: the first reward's score)"
+    )
     grid_size: int = option(16, ge=1, help="samples shown in the before/after grids")
 
 
@@ -231,8 +275,14 @@ COMPONENT_SECTIONS = {
 }
 #: Component sections a config may leave out (``eval.sampler`` defaults to the run's sampler).
 #: (``weighting`` defaults to the objective's ``default_weighting``, if it uses one).
-OPTIONAL_SECTIONS: dict[str, Any] = {"sampler": None, "regularizers": [], "logging.loggers": [], "eval.sampler": None, "weighting": None,
-                     "monitor.gold": []}
+OPTIONAL_SECTIONS: dict[str, Any] = {
+    "sampler": None,
+    "regularizers": [],
+    "logging.loggers": [],
+    "eval.sampler": None,
+    "weighting": None,
+    "monitor.gold": [],
+}
 
 
 @dataclass
@@ -240,17 +290,25 @@ class RewardSettings:
     """Keys every reward accepts besides its own options."""
 
     weight: float = option(1.0, help="the reward's weight in the total (negative: minimise it)")
-    label: str | None = option(None, check=lambda v: None if v and "/" not in v else "give a name without '/'",
-                               help="the name the run gives it (metrics reward/<label>/..., eval.metric): default its "
-                                    "registered name, or what it serves (remote); select a reward twice with two labels")
+    label: str | None = option(
+        None,
+        check=lambda v: None if v and "/" not in v else "give a name without '/'",
+        help="the name the run gives it (metrics reward/<label>/..., eval.metric): default its "
+        "registered name, or what it serves (remote); select a reward twice with two labels",
+    )
     # What a failing sample does: "fail" stops the run naming the reward, step and prompt; "drop"
     # removes the sample from its group (advantage 0, excluded from the group's statistics) and
     # counts it in the metric reward/<name>/dropped. A failure is an exception or a timeout (the
     # whole call's samples) or a NaN/inf score (that sample).
     on_failure: Literal["fail", "drop"] = option("fail", help="what a failing sample does")
     timeout: float = option(0.0, ge=0, help="seconds one call may take before it counts as failed; 0 waits forever")
-    max_dropped: float = option(0.5, ge=0, le=1, help="with on_failure=drop: the share of samples it may drop over "
-                                "the last 10 steps before the run stops (a server that is down drops them all)")
+    max_dropped: float = option(
+        0.5,
+        ge=0,
+        le=1,
+        help="with on_failure=drop: the share of samples it may drop over "
+        "the last 10 steps before the run stops (a server that is down drops them all)",
+    )
 
 
 @dataclass
@@ -342,7 +400,7 @@ def _unknown_key_errors(user: Any, schema: type, prefix: str, allowed: frozenset
     if not isinstance(user, (dict, DictConfig)):
         return []
     types = _field_types(schema)
-    names = list(types) + [p[len(prefix):] for p in allowed if p.startswith(prefix) and "." not in p[len(prefix):]]
+    names = list(types) + [p[len(prefix) :] for p in allowed if p.startswith(prefix) and "." not in p[len(prefix) :]]
     errors = []
     for key in user:
         key = str(key)
@@ -415,7 +473,8 @@ def _describe_type(annotation: Any) -> str:
         inner = _describe_type(args[0]) if args else "values"
         return f"a list of {inner.removeprefix('a ').removeprefix('an ')}s" if inner not in ("anything",) else "a list"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false", Any: "anything"}.get(
-        annotation, getattr(annotation, "__name__", str(annotation)))
+        annotation, getattr(annotation, "__name__", str(annotation))
+    )
 
 
 # --------------------------------------------------------------------------- loading
@@ -478,19 +537,27 @@ def _select(pm: PluginHost, kind: str, section: Any, path: str) -> tuple[Selecte
     settings, errors, common_keys = None, cast(list[str], []), cast(list[str], [])
     if kind in COMPONENT_SETTINGS:
         common_keys = [f.name for f in dataclasses.fields(COMPONENT_SETTINGS[kind])]
-        settings, errors = _merge(COMPONENT_SETTINGS[kind], {k: body.pop(k) for k in common_keys if k in body}, f"{path}.")
+        settings, errors = _merge(
+            COMPONENT_SETTINGS[kind], {k: body.pop(k) for k in common_keys if k in body}, f"{path}."
+        )
     known = {f.name for f in dataclasses.fields(component.options)} if component.options is not None else set()
     leftover = sorted(k for k in body if k not in known)
     if replaced is not None and leftover:
         return None, errors + [
             f"{path}.name={name} replaced {kind} {replaced!r}, whose options {', '.join(leftover)} are still set and are not "
-            f"options of {name!r}: replace the whole section instead, e.g. \"{path}={{name: {name}}}\""]
+            f'options of {name!r}: replace the whole section instead, e.g. "{path}={{name: {name}}}"'
+        ]
     if component.options is None:
-        errors += [f"unknown key '{path}.{k}': {kind} {name!r} takes no options besides {common_keys or 'its name'}"
-                   for k in body]
+        errors += [
+            f"unknown key '{path}.{k}': {kind} {name!r} takes no options besides {common_keys or 'its name'}"
+            for k in body
+        ]
         label = getattr(settings, "label", None)
-        return (Selected(kind, label or name, None, settings, dict(component.meta), registered=name if label else None)
-                if not errors else None), errors
+        return (
+            Selected(kind, label or name, None, settings, dict(component.meta), registered=name if label else None)
+            if not errors
+            else None
+        ), errors
     errors += _unknown_key_errors(body, component.options, f"{path}.", frozenset(f"{path}.{k}" for k in common_keys))
     if errors:
         return None, errors
@@ -568,7 +635,9 @@ def resolve_config(cfg: DictConfig, pm: PluginHost) -> ResolvedConfig:
     if core is not None:
         errors += _cross_checks(core, selected, pm, sampler_given=_section(cfg, "sampler") is not None)
     if errors or core is None:
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{len(errors)} problems in the config:\n  - " + "\n  - ".join(errors))
+        raise ConfigError(
+            errors[0] if len(errors) == 1 else f"{len(errors)} problems in the config:\n  - " + "\n  - ".join(errors)
+        )
     return ResolvedConfig(
         core=core,
         backbone=selected["backbone"],
@@ -590,12 +659,17 @@ def _unowned_keys(core: TrainConfig, pm: PluginHost) -> list[str]:
         values = getattr(core, section.name)
         for declared in dataclasses.fields(values):
             owner = declared.metadata.get("owner")
-            default = (declared.default if declared.default is not dataclasses.MISSING
-                       else cast(Callable[[], Any], declared.default_factory)())
+            default = (
+                declared.default
+                if declared.default is not dataclasses.MISSING
+                else cast(Callable[[], Any], declared.default_factory)()
+            )
             if owner and not pm.pm.has_plugin(owner) and getattr(values, declared.name) != default:
-                errors.append(f"{section.name}.{declared.name} is read by the plugin {owner!r}, which is not loaded: "
-                              f"add {owner} to {ALLOW_LIST_ENV} (or install it), or leave {section.name}.{declared.name} "
-                              "at its default")
+                errors.append(
+                    f"{section.name}.{declared.name} is read by the plugin {owner!r}, which is not loaded: "
+                    f"add {owner} to {ALLOW_LIST_ENV} (or install it), or leave {section.name}.{declared.name} "
+                    "at its default"
+                )
     return errors
 
 
@@ -608,9 +682,13 @@ def _default_weighting(pm: PluginHost, selected: dict[str, Any], given: bool) ->
     default = objective.meta.get("default_weighting")
     if default is None:
         if given:
-            users = sorted(c.name for c in pm.registry.all() if c.kind == "objective" and c.meta.get("default_weighting"))
-            return [f"'weighting': objective {objective.name!r} has no timestep weighting; remove the section, or "
-                    f"use an objective that has one ({', '.join(users)})"]
+            users = sorted(
+                c.name for c in pm.registry.all() if c.kind == "objective" and c.meta.get("default_weighting")
+            )
+            return [
+                f"'weighting': objective {objective.name!r} has no timestep weighting; remove the section, or "
+                f"use an objective that has one ({', '.join(users)})"
+            ]
         return []
     if given:
         return []
@@ -627,12 +705,23 @@ def _kl_shortcut(pm: PluginHost, selected: dict[str, Any]) -> list[str]:
     if not name or not beta or regularizers is None:
         return []
     if any(r is not None and r.name == name for r in regularizers):
-        return [f"objective.kl_beta={beta} selects the {name!r} regularizer, which regularizers lists too: keep one "
-                f"(objective.kl_beta=0, or remove {name!r} from regularizers)"]
+        return [
+            f"objective.kl_beta={beta} selects the {name!r} regularizer, which regularizers lists too: keep one "
+            f"(objective.kl_beta=0, or remove {name!r} from regularizers)"
+        ]
     component = pm.component("regularizer", name)
     options = OmegaConf.to_object(OmegaConf.structured(component.options)) if component.options is not None else None
-    selected["regularizers"] = [*regularizers, Selected("regularizer", name, options, RegularizerSettings(weight=beta),
-                                                        dict(component.meta), implied_by="objective.kl_beta")]
+    selected["regularizers"] = [
+        *regularizers,
+        Selected(
+            "regularizer",
+            name,
+            options,
+            RegularizerSettings(weight=beta),
+            dict(component.meta),
+            implied_by="objective.kl_beta",
+        ),
+    ]
     return []
 
 
@@ -643,13 +732,17 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginHost, s
     errors = _transition_checks(selected, pm, sampler_given) + _rollout_checks(core, selected, pm)
     backbone = selected.get("backbone")
     if core.train.compile and backbone is not None and not backbone.meta.get("compilable"):
-        errors.append(f"train.compile: backbone {backbone.name!r} does not compile its networks (it declares no "
-                      "compilable = True): set train.compile=false")
+        errors.append(
+            f"train.compile: backbone {backbone.name!r} does not compile its networks (it declares no "
+            "compilable = True): set train.compile=false"
+        )
     errors += _reward_checks(core, selected) + _prompt_checks(core) + _fit_checks(selected, pm)
     errors += _objective_checks(core, selected, pm)
     if selected.get("monitor.gold") and not pm.pm.has_plugin("monitor"):
-        errors.append(f"monitor.gold is scored by the plugin 'monitor', which is not loaded: add monitor to "
-                      f"{ALLOW_LIST_ENV} (or install it), or remove monitor.gold")
+        errors.append(
+            f"monitor.gold is scored by the plugin 'monitor', which is not loaded: add monitor to "
+            f"{ALLOW_LIST_ENV} (or install it), or remove monitor.gold"
+        )
     for found in pm.hook.gyremedia_check_config(core=core, selected=selected):
         errors += found or []
     return errors
@@ -667,13 +760,19 @@ def _rollout_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginHost)
     if r.branch_steps:
         leaves = r.branch_roots * r.branch_width ** len(r.branch_steps)
         if sorted(set(r.branch_steps)) != list(r.branch_steps) or not all(b < r.num_steps for b in r.branch_steps):
-            errors.append(f"rollout.branch_steps={list(r.branch_steps)}: use increasing step indices in [0, {r.num_steps})")
+            errors.append(
+                f"rollout.branch_steps={list(r.branch_steps)}: use increasing step indices in [0, {r.num_steps})"
+            )
         elif r.group_size != leaves:
-            errors.append(f"rollout.group_size={r.group_size}: {r.branch_roots} tree(s) with {len(r.branch_steps)} branch "
-                          f"steps of width {r.branch_width} have {leaves} leaves: set rollout.group_size={leaves}")
+            errors.append(
+                f"rollout.group_size={r.group_size}: {r.branch_roots} tree(s) with {len(r.branch_steps)} branch "
+                f"steps of width {r.branch_width} have {leaves} leaves: set rollout.group_size={leaves}"
+            )
         if sampler is not None and not sampler.meta.get("has_log_prob"):
-            errors.append(f"rollout.branch_steps needs a stochastic sampler to branch; {sampler.name!r} is deterministic: "
-                          f"choose one of {', '.join(_names(pm, 'sampler', has_log_prob=True))}")
+            errors.append(
+                f"rollout.branch_steps needs a stochastic sampler to branch; {sampler.name!r} is deterministic: "
+                f"choose one of {', '.join(_names(pm, 'sampler', has_log_prob=True))}"
+            )
     return errors
 
 
@@ -682,14 +781,22 @@ def _reward_checks(core: TrainConfig, selected: dict[str, Any]) -> list[str]:
     errors, rewards = [], [s for s in selected.get("rewards") or [] if s is not None]
     names = [reward.name for reward in rewards]
     for name in sorted({n for n in names if names.count(n) > 1}):
-        errors.append(f"reward {name!r} is selected twice: combine its scores in one reward, or give each selection "
-                      "its own label (rewards.N.label)")
+        errors.append(
+            f"reward {name!r} is selected twice: combine its scores in one reward, or give each selection "
+            "its own label (rewards.N.label)"
+        )
     every_reward_resolved = None not in (selected.get("rewards") or [])  # else its own error says why
-    if core.eval.metric is not None and "/" not in core.eval.metric and core.eval.metric not in names \
-            and every_reward_resolved:
+    if (
+        core.eval.metric is not None
+        and "/" not in core.eval.metric
+        and core.eval.metric not in names
+        and every_reward_resolved
+    ):
         example = f"{rewards[0].name}/<component>" if rewards else "<reward>/<component>"
-        errors.append(f"eval.metric={core.eval.metric!r}: expected a reward's name (its score) or "
-                      f"'<reward>/<component>', e.g. {example!r}")
+        errors.append(
+            f"eval.metric={core.eval.metric!r}: expected a reward's name (its score) or "
+            f"'<reward>/<component>', e.g. {example!r}"
+        )
     return errors
 
 
@@ -703,17 +810,23 @@ def _fit_checks(selected: dict[str, Any], pm: PluginHost) -> list[str]:
             continue
         predicts, steps_on = backbone.meta.get("prediction"), chosen.meta.get("prediction")
         if predicts and steps_on and predicts != steps_on:
-            errors.append(f"{path} {chosen.name!r} steps on {steps_on} predictions, but backbone {backbone.name!r} predicts "
-                          f"{predicts}: choose one of {', '.join(_names(pm, 'sampler', prediction=predicts))}")
+            errors.append(
+                f"{path} {chosen.name!r} steps on {steps_on} predictions, but backbone {backbone.name!r} predicts "
+                f"{predicts}: choose one of {', '.join(_names(pm, 'sampler', prediction=predicts))}"
+            )
     media = backbone.meta.get("media_kind") if backbone is not None else None
     rewards: list[Any] = [s for s in selected.get("rewards") or [] if s is not None]
-    for path, chosen in [*((f"rewards.{i}", r) for i, r in enumerate(rewards)),
-                         *((f"monitor.gold.{i}", g) for i, g in enumerate(selected.get("monitor.gold") or []))]:
+    for path, chosen in [
+        *((f"rewards.{i}", r) for i, r in enumerate(rewards)),
+        *((f"monitor.gold.{i}", g) for i, g in enumerate(selected.get("monitor.gold") or [])),
+    ]:
         kinds = chosen.meta.get("kinds") if chosen is not None else None
         if media and kinds and media not in kinds:
             fits = [c.name for c in pm.registry.all() if c.kind == "reward" and media in (c.meta.get("kinds") or ())]
-            errors.append(f"{path}: reward {chosen.name!r} scores {'/'.join(sorted(kinds))}, but backbone "
-                          f"{backbone.name!r} makes {media}: choose one of {', '.join(sorted(fits)) or '(none registered)'}")
+            errors.append(
+                f"{path}: reward {chosen.name!r} scores {'/'.join(sorted(kinds))}, but backbone "
+                f"{backbone.name!r} makes {media}: choose one of {', '.join(sorted(fits)) or '(none registered)'}"
+            )
     return errors
 
 
@@ -723,18 +836,32 @@ def _objective_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginHos
     backbone, sampler, objective = selected.get("backbone"), selected.get("sampler"), selected.get("objective")
     transitions: Any = backbone.meta.get("transitions") if backbone is not None else None
     for i, regularizer in enumerate(selected.get("regularizers") or []):
-        if regularizer is not None and objective is not None and regularizer.meta.get("requires_log_prob") \
-                and not objective.meta.get("requires_log_prob"):
-            replaying = [n for n in _names_for(pm, "objective", transitions)
-                         if pm.component("objective", n).meta.get("requires_log_prob")]
-            others = [n for n in _names_for(pm, "regularizer", transitions)
-                      if not pm.component("regularizer", n).meta.get("requires_log_prob")]
-            errors.append(f"regularizers.{i}: {regularizer.name!r} compares replayed sampler transitions, which "
-                          f"objective {objective.name!r} does not make: use an objective that replays them "
-                          f"({', '.join(replaying)}) or another regularizer ({', '.join(others)})")
+        if (
+            regularizer is not None
+            and objective is not None
+            and regularizer.meta.get("requires_log_prob")
+            and not objective.meta.get("requires_log_prob")
+        ):
+            replaying = [
+                n
+                for n in _names_for(pm, "objective", transitions)
+                if pm.component("objective", n).meta.get("requires_log_prob")
+            ]
+            others = [
+                n
+                for n in _names_for(pm, "regularizer", transitions)
+                if not pm.component("regularizer", n).meta.get("requires_log_prob")
+            ]
+            errors.append(
+                f"regularizers.{i}: {regularizer.name!r} compares replayed sampler transitions, which "
+                f"objective {objective.name!r} does not make: use an objective that replays them "
+                f"({', '.join(replaying)}) or another regularizer ({', '.join(others)})"
+            )
     if objective is not None and objective.meta.get("needs_tree_rollouts") and not core.rollout.branch_steps:
-        errors.append(f"objective {objective.name!r} trains on tree rollouts: set rollout.branch_steps (e.g. [0, 3]) and "
-                      f"rollout.group_size to rollout.branch_width ** their number (e.g. 4)")
+        errors.append(
+            f"objective {objective.name!r} trains on tree rollouts: set rollout.branch_steps (e.g. [0, 3]) and "
+            f"rollout.group_size to rollout.branch_width ** their number (e.g. 4)"
+        )
     if objective is not None and sampler is not None:
         if objective.meta.get("requires_log_prob") and not sampler.meta.get("has_log_prob"):
             errors.append(
@@ -753,35 +880,49 @@ def _transition_checks(selected: dict[str, Any], pm: PluginHost, sampler_given: 
         return []
     transitions, errors = backbone.meta.get("transitions"), []
     if transitions == "denoising" and not sampler_given:
-        errors.append(f"missing value for 'sampler': backbone {backbone.name!r} takes its denoising steps from a sampler: "
-                      f"choose one of {', '.join(_names(pm, 'sampler'))}")
+        errors.append(
+            f"missing value for 'sampler': backbone {backbone.name!r} takes its denoising steps from a sampler: "
+            f"choose one of {', '.join(_names(pm, 'sampler'))}"
+        )
     if transitions != "denoising":
         for path in ("sampler", "eval.sampler"):
             if selected.get(path) is not None:
-                errors.append(f"'{path}': backbone {backbone.name!r} emits {transitions} and samples them itself "
-                              f"(its own options set how): remove the {path} section")
+                errors.append(
+                    f"'{path}': backbone {backbone.name!r} emits {transitions} and samples them itself "
+                    f"(its own options set how): remove the {path} section"
+                )
     for path in ("objective", *(f"regularizers.{i}" for i in range(len(selected.get("regularizers") or [])))):
-        chosen: Any = selected.get("objective") if path == "objective" else selected["regularizers"][int(path.split(".")[1])]
+        chosen: Any = (
+            selected.get("objective") if path == "objective" else selected["regularizers"][int(path.split(".")[1])]
+        )
         trains = chosen.meta.get("transitions") if chosen is not None else None
         if trains and transitions and trains != transitions:
             kind = chosen.kind
             where = "" if path == "objective" else f"{path}: "
-            errors.append(f"{where}{kind} {chosen.name!r} trains {trains} transitions, but backbone {backbone.name!r} "
-                          f"emits {transitions}: choose one of {', '.join(_names_for(pm, kind, transitions))}")
+            errors.append(
+                f"{where}{kind} {chosen.name!r} trains {trains} transitions, but backbone {backbone.name!r} "
+                f"emits {transitions}: choose one of {', '.join(_names_for(pm, kind, transitions))}"
+            )
     return errors
 
 
 def _names_for(pm: PluginHost, kind: str, transitions: str) -> list[str]:
     """Components of ``kind`` that train ``transitions`` (or any)."""
-    return sorted(c.name for c in pm.registry.all() if c.kind == kind
-                  and c.meta.get("transitions") in (None, transitions)) or ["(none registered)"]
+    return sorted(
+        c.name for c in pm.registry.all() if c.kind == kind and c.meta.get("transitions") in (None, transitions)
+    ) or ["(none registered)"]
 
 
 def _names(pm: PluginHost, kind: str, **capabilities: Any) -> list[str]:
     """Registered components of ``kind`` whose capabilities have the given values."""
-    return sorted(c.name for c in pm.registry.all() if c.kind == kind
-                  and all(bool(c.meta.get(k)) == v if isinstance(v, bool) else c.meta.get(k) == v
-                          for k, v in capabilities.items())) or ["(none registered)"]
+    return sorted(
+        c.name
+        for c in pm.registry.all()
+        if c.kind == kind
+        and all(
+            bool(c.meta.get(k)) == v if isinstance(v, bool) else c.meta.get(k) == v for k, v in capabilities.items()
+        )
+    ) or ["(none registered)"]
 
 
 def _prompt_checks(core: TrainConfig) -> list[str]:
@@ -793,17 +934,19 @@ def _prompt_checks(core: TrainConfig) -> list[str]:
     errors = []
     data, ev = core.data, core.eval
     if not data.prompts and not data.prompts_file and not data.dataset:
-        errors.append("no prompts: set data.prompts (a list, e.g. data.prompts=[a cat, a dog]), data.prompts_file "
-                      "or data.dataset")
+        errors.append(
+            "no prompts: set data.prompts (a list, e.g. data.prompts=[a cat, a dog]), data.prompts_file or data.dataset"
+        )
     blank = [i for i, p in enumerate(data.prompts) if not str(p).strip()]
     if blank:
         errors.append(f"data.prompts.{blank[0]} is blank: remove it, or write a prompt")
     read = {}
     for key, value, reader in [
-            ("data.prompts_file", data.prompts_file, lambda v: read_prompts(v, data.prompt_column)),
-            ("data.dataset", data.dataset, lambda v: read_dataset(v, data.split, data.prompt_column)),
-            ("eval.prompts_file", ev.prompts_file, lambda v: read_prompts(v, data.prompt_column)),
-            ("eval.dataset", ev.dataset, lambda v: read_dataset(v, ev.split, data.prompt_column))]:
+        ("data.prompts_file", data.prompts_file, lambda v: read_prompts(v, data.prompt_column)),
+        ("data.dataset", data.dataset, lambda v: read_dataset(v, data.split, data.prompt_column)),
+        ("eval.prompts_file", ev.prompts_file, lambda v: read_prompts(v, data.prompt_column)),
+        ("eval.dataset", ev.dataset, lambda v: read_dataset(v, ev.split, data.prompt_column)),
+    ]:
         if not value or not (key.endswith("dataset") or Path(value).expanduser().is_file()):  # missing: its own check
             continue
         # a text file's problems are its option check's to report; records need the prompt column to be read
@@ -828,7 +971,9 @@ def _prompt_checks(core: TrainConfig) -> list[str]:
         return errors  # evaluation cycles through as many training prompts as eval.samples covers
     distinct = len(dict.fromkeys(eval_prompts))
     if distinct and ev.samples < 2 * distinct:
-        errors.append(f"eval.samples={ev.samples} leaves some of the {distinct} eval prompts ({key}) with one sample; "
-                      f"in-group diversity and the collapse monitor compare two or more per prompt: set "
-                      f"eval.samples>={2 * distinct}, or evaluate fewer prompts (eval.prompts_file)")
+        errors.append(
+            f"eval.samples={ev.samples} leaves some of the {distinct} eval prompts ({key}) with one sample; "
+            f"in-group diversity and the collapse monitor compare two or more per prompt: set "
+            f"eval.samples>={2 * distinct}, or evaluate fewer prompts (eval.prompts_file)"
+        )
     return errors

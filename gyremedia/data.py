@@ -56,8 +56,10 @@ def _text(data: bytes) -> str:
         start = exc.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)
         line = data[:start].count(b"\n") + 1
         column = start - (data.rfind(b"\n", 0, start) + 1) + 1
-        raise PromptFileError(f"line {line} is not UTF-8 (byte 0x{data[start]:02x} at column {column}): save the file "
-                              "as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)") from exc
+        raise PromptFileError(
+            f"line {line} is not UTF-8 (byte 0x{data[start]:02x} at column {column}): save the file "
+            "as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+        ) from exc
 
 
 def records_to_prompts(rows: list[Any], column: str, where: str) -> list[Prompt]:
@@ -68,13 +70,17 @@ def records_to_prompts(rows: list[Any], column: str, where: str) -> list[Prompt]
         if isinstance(row, str):
             row = {column: row}
         if not isinstance(row, Mapping):
-            raise PromptFileError(f"{where} {number} is a {type(row).__name__}, not a record: write one object per "
-                                  f"{where} with the prompt under {column!r}")
+            raise PromptFileError(
+                f"{where} {number} is a {type(row).__name__}, not a record: write one object per "
+                f"{where} with the prompt under {column!r}"
+            )
         text = row.get(column)
         if not isinstance(text, str):
             fields = ", ".join(map(repr, row)) or "none"
-            raise PromptFileError(f"{where} {number} has no text under {column!r} (its fields: {fields}): set "
-                                  "data.prompt_column to the field that holds the prompt")
+            raise PromptFileError(
+                f"{where} {number} has no text under {column!r} (its fields: {fields}): set "
+                "data.prompt_column to the field that holds the prompt"
+            )
         if text.strip():
             prompts.append(Prompt(text.strip(), {k: v for k, v in row.items() if k != column}))
     return prompts
@@ -95,8 +101,10 @@ def read_prompts(path: str, column: str = "prompt") -> list[Prompt]:
 
 
 def _unreadable(exc: OSError) -> PromptFileError:
-    return PromptFileError(f"cannot be read ({exc.strerror or exc}): give a text file with one prompt per line, "
-                           f"or a {', '.join(RECORD_SUFFIXES)} file of records")
+    return PromptFileError(
+        f"cannot be read ({exc.strerror or exc}): give a text file with one prompt per line, "
+        f"or a {', '.join(RECORD_SUFFIXES)} file of records"
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -161,16 +169,24 @@ def _read_dataset(source: str, split: str, column: str) -> tuple[Prompt, ...]:
     else:
         loaded = datasets.load_dataset(source, split=split)
     if column not in loaded.column_names:
-        raise PromptFileError(f"has no column {column!r} (its columns: {', '.join(loaded.column_names)}): set "
-                              "data.prompt_column to the column that holds the prompt")
+        raise PromptFileError(
+            f"has no column {column!r} (its columns: {', '.join(loaded.column_names)}): set "
+            "data.prompt_column to the column that holds the prompt"
+        )
     return tuple(records_to_prompts(loaded.to_list(), column, "row"))
 
 
 class PromptSource:
     """Draws each step's prompt groups from a fixed list of prompts."""
 
-    def __init__(self, prompts: list[str], prompts_file: str | None = None, column: str = "prompt",
-                 dataset: str | None = None, split: str = "train") -> None:
+    def __init__(
+        self,
+        prompts: list[str],
+        prompts_file: str | None = None,
+        column: str = "prompt",
+        dataset: str | None = None,
+        split: str = "train",
+    ) -> None:
         self.prompts = [p if isinstance(p, Prompt) else Prompt(p) for p in prompts]
         if prompts_file:
             self.prompts += read_prompts(prompts_file, column)

@@ -40,6 +40,14 @@ def raise_together(accelerator, error: BaseException | None) -> None:
     raise FailedElsewhere(f"process {rank} failed, so every process stops: {message}", code)
 
 
+def any_rank(accelerator, *flags: bool) -> list[bool]:
+    """Each flag, true if it is true on any rank (one collective), so every rank takes the same branch."""
+    if accelerator.num_processes == 1:
+        return list(flags)
+    local = torch.tensor([float(f) for f in flags], device=accelerator.device)
+    return [bool(v) for v in (accelerator.gather(local[None]).amax(dim=0) > 0).tolist()]
+
+
 def gather_by_sample(accelerator, sample_ids: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Gather batch-indexed tensors from all ranks, ordered by global sample id.
 
@@ -91,8 +99,9 @@ def to_host(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
     for position, tensor in enumerate(tensors):
         if tensor is not None and tensor.device.type != "cpu":
             by_device[tensor.device].append(position)
-    return _moved_together(list(tensors), by_device.values(), lambda part: part.detach().double(),
-                           lambda flat: flat.cpu())
+    return _moved_together(
+        list(tensors), by_device.values(), lambda part: part.detach().double(), lambda flat: flat.cpu()
+    )
 
 
 def to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -105,8 +114,12 @@ def to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.T
     return _moved_together(list(tensors), by_dtype.values(), lambda part: part, lambda flat: flat.to(device))
 
 
-def _moved_together(tensors: list, batches: Iterable[list[int]], prepare: Callable[[torch.Tensor], torch.Tensor],
-                    move: Callable[[torch.Tensor], torch.Tensor]) -> list:
+def _moved_together(
+    tensors: list,
+    batches: Iterable[list[int]],
+    prepare: Callable[[torch.Tensor], torch.Tensor],
+    move: Callable[[torch.Tensor], torch.Tensor],
+) -> list:
     """``tensors`` with each batch of positions moved in one copy: ``prepare``d, flattened into one tensor, ``move``d,
     then split back into views of their shapes and dtypes."""
     for positions in batches:

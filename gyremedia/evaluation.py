@@ -41,12 +41,16 @@ class EvalResult:
     prompts: list[str]
     media: Media
     scores: dict[str, torch.Tensor]
-    extras: dict[str, Any] = field(default_factory=dict)  # generated (the policy's), preference: for further measurements
+    extras: dict[str, Any] = field(
+        default_factory=dict
+    )  # generated (the policy's), preference: for further measurements
 
     def means(self, prefix: str = "eval/") -> dict[str, float]:
         """Each score's :func:`summary` value, and the in-group diversity."""
-        return {**{f"{prefix}{k}": summary(k, v) for k, v in self.scores.items()},
-                f"{prefix}diversity": in_group_diversity(self.media, self.prompts)}
+        return {
+            **{f"{prefix}{k}": summary(k, v) for k, v in self.scores.items()},
+            f"{prefix}diversity": in_group_diversity(self.media, self.prompts),
+        }
 
 
 def summary(key: str, values: torch.Tensor) -> float:
@@ -80,8 +84,13 @@ def nanmean(values: torch.Tensor) -> float:
     return float(values.mean()) if len(values) else math.nan
 
 
-def score(rewards: dict[str, Any], media: Media, prompts: list[str], selected: Sequence[Selected] = (),
-          when: str = "during evaluation") -> dict[str, torch.Tensor]:
+def score(
+    rewards: dict[str, Any],
+    media: Media,
+    prompts: list[str],
+    selected: Sequence[Selected] = (),
+    when: str = "during evaluation",
+) -> dict[str, torch.Tensor]:
     """``{reward: score, reward/component: values}`` for every sample, each reward under its ``timeout`` and
     ``on_failure`` as selected (``selected``, by name; default: fail, no timeout), as in training. A reward that
     may drop also gives ``reward/dropped`` (1 where a failure or NaN dropped the sample's score)."""
@@ -104,16 +113,28 @@ def selected_rewards(config: ResolvedConfig) -> list[Selected]:
     return [*config.rewards, *(dataclasses.replace(s, name=f"gold/{s.name}") for s in config.gold_rewards)]
 
 
-def evaluate(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any],
-             preference: torch.Tensor | None = None, step: int | None = None) -> EvalResult:
+def evaluate(
+    config: ResolvedConfig,
+    backbone: Any,
+    sampler: Any,
+    rewards: dict[str, Any],
+    preference: torch.Tensor | None = None,
+    step: int | None = None,
+) -> EvalResult:
     """Score ``eval.samples`` fixed-seed samples of the eval prompts (cycled). A preference-conditioned model is
     evaluated at ``preference`` (``gyremedia_eval_preference``). ``step`` names the evaluation in a reward's error."""
     ev, rollout = config.core.eval, config.core.rollout
     held_out = eval_prompts(config)
     prompts: list[str] = [held_out[i % len(held_out)] for i in range(ev.samples)]
     backbone.trainable_module().eval()
-    generated = backbone.generate(prompts, seed=ev.seed, sampler=sampler, num_steps=ev.num_steps or rollout.num_steps,
-                                  guidance_scale=rollout.guidance_scale, preference=preference)
+    generated = backbone.generate(
+        prompts,
+        seed=ev.seed,
+        sampler=sampler,
+        num_steps=ev.num_steps or rollout.num_steps,
+        guidance_scale=rollout.guidance_scale,
+        preference=preference,
+    )
     extras = dict(generated.extras, generated=generated, preference=preference)
     when = "during evaluation" if step is None else f"in the step-{step} evaluation"
     scores = score(rewards, generated.media, prompts, selected_rewards(config), when)
@@ -138,8 +159,12 @@ def paired_difference(base: torch.Tensor, trained: torch.Tensor) -> dict[str, fl
 def paired_gain(base: torch.Tensor, trained: torch.Tensor) -> dict[str, float]:
     """:func:`paired_difference` of a score in [0, 1], in percentage points."""
     d = paired_difference(base, trained)
-    return {"points": 100 * d["mean"], "ci95_low": 100 * d["ci95_low"], "ci95_high": 100 * d["ci95_high"],
-            "samples": d["samples"]}
+    return {
+        "points": 100 * d["mean"],
+        "ci95_low": 100 * d["ci95_low"],
+        "ci95_high": 100 * d["ci95_high"],
+        "samples": d["samples"],
+    }
 
 
 def save_grid(media: Media, prompts: list[str], path: Path, count: int) -> Path | None:
@@ -151,7 +176,9 @@ def save_grid(media: Media, prompts: list[str], path: Path, count: int) -> Path 
     if media.kind == "text":
         path = Path(path).with_suffix(".txt")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(f"{prompt!r} -> {completion!r}\n" for prompt, completion in zip(prompts[:count], media.data)))
+        path.write_text(
+            "".join(f"{prompt!r} -> {completion!r}\n" for prompt, completion in zip(prompts[:count], media.data))
+        )
         return path
     data = cast(torch.Tensor, media.data)  # the other kinds are tensors
     if media.kind == "image":

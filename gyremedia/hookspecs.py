@@ -145,8 +145,9 @@ def gyremedia_collect_rollout(state: TrainState, request: RolloutRequest) -> Rol
 
 
 @hookspec(firstresult=True)
-def gyremedia_score_rollout(state: TrainState, rollout: Rollout, futures: dict[str, Any],
-                            step: int) -> dict[str, float] | None:
+def gyremedia_score_rollout(
+    state: TrainState, rollout: Rollout, futures: dict[str, Any], step: int
+) -> dict[str, float] | None:
     """The scoring stage: wait for the rewards started on ``rollout.media`` (``futures``), apply their failure
     policies and set ``rollout.rewards`` and ``rollout.reward``; returns the step's reward metrics (global)."""
 
@@ -226,8 +227,9 @@ def gyremedia_eval_preference(config: ResolvedConfig) -> torch.Tensor | None:
 
 
 @hookspec
-def gyremedia_eval_report(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any],
-                          report: dict[str, Any]) -> list[str] | None:
+def gyremedia_eval_report(
+    config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any], report: dict[str, Any]
+) -> list[str] | None:
     """``gyremedia eval`` of a trained run (its weights loaded): add entries to the json ``report`` and return
     lines to print after its table (a Pareto front)."""
 
@@ -244,9 +246,7 @@ def gyremedia_after_rollout(state: TrainState, rollout: Rollout) -> None:
 
 
 @hookspec
-def gyremedia_process_rewards(
-    state: TrainState, rollout: Rollout, rewards: dict[str, torch.Tensor]
-) -> None:
+def gyremedia_process_rewards(state: TrainState, rollout: Rollout, rewards: dict[str, torch.Tensor]) -> None:
     """Shape rewards in place (``rewards`` maps each reward name to its per-sample score).
 
     Called on this rank's samples before group advantages are computed over all ranks. Changes

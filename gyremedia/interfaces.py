@@ -111,12 +111,27 @@ class Policy(Protocol):
     def media(self, rollout: Rollout) -> Media:
         """The rollout's outputs as media for the rewards."""
 
-    def generate(self, prompts: list[str], *, seed: int, sampler: Sampler | None, num_steps: int,
-                 guidance_scale: float, preference: torch.Tensor | None = None) -> Generated:
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        seed: int,
+        sampler: Sampler | None,
+        num_steps: int,
+        guidance_scale: float,
+        preference: torch.Tensor | None = None,
+    ) -> Generated:
         """One evaluation sample per prompt, sample ``i`` seeded by ``(seed, i)`` alone."""
 
-    def reference_drift(self, prompts: list[str], generated: Generated, *, levels: int, guidance_scale: float,
-                        preference: torch.Tensor | None = None) -> float:
+    def reference_drift(
+        self,
+        prompts: list[str],
+        generated: Generated,
+        *,
+        levels: int,
+        guidance_scale: float,
+        preference: torch.Tensor | None = None,
+    ) -> float:
         """How far the policy has moved from the reference on evaluation samples (0 at the start)."""
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
@@ -149,16 +164,30 @@ class DenoisingBackbone(Policy, Protocol):
     def sigmas(self, num_steps: int) -> torch.Tensor:
         """The ``num_steps + 1`` noise levels of a trajectory, from most noisy down to 0."""
 
-    def predict(self, x: torch.Tensor, sigma: torch.Tensor, conditions: dict[str, torch.Tensor],
-                guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+    def predict(
+        self,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        conditions: dict[str, torch.Tensor],
+        guidance_scale: float = 1.0,
+        *,
+        reference: bool = False,
+    ) -> torch.Tensor:
         """The model output (velocity for flow matching) at states ``x`` and noise level ``sigma``.
 
         ``sigma`` is a scalar (the whole batch) or ``[B]`` (one level per sample), on ``x``'s device.
         With ``reference=True`` it is the frozen reference policy's output (no gradients).
         """
 
-    def flow_velocity(self, x: torch.Tensor, t: torch.Tensor, conditions: dict[str, torch.Tensor],
-                      guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+    def flow_velocity(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        conditions: dict[str, torch.Tensor],
+        guidance_scale: float = 1.0,
+        *,
+        reference: bool = False,
+    ) -> torch.Tensor:
         """The velocity ``eps - x0`` at flow-path states ``x = (1 - t) x0 + t eps`` (what forward-process
         objectives train): ``predict`` itself for a flow backbone, a conversion of it for others."""
 
@@ -191,9 +220,17 @@ class Sampler(Protocol):
 
     has_log_prob: bool
 
-    def step(self, x: torch.Tensor, model_output: torch.Tensor, sigmas: torch.Tensor, index: int, *,
-             noise: torch.Tensor | None = None, next_state: torch.Tensor | None = None,
-             predict: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> Transition:
+    def step(
+        self,
+        x: torch.Tensor,
+        model_output: torch.Tensor,
+        sigmas: torch.Tensor,
+        index: int,
+        *,
+        noise: torch.Tensor | None = None,
+        next_state: torch.Tensor | None = None,
+        predict: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> Transition:
         """Sample ``x_{index+1}`` with ``noise``, or score the given ``next_state`` (replay).
 
         A sampler that evaluates the model again within a step (a higher-order solver) sets
@@ -281,7 +318,9 @@ class Regularizer(Protocol):
     plus metrics to log); the trainer adds them, times the regularizer's weight, to the loss.
     """
 
-    def __call__(self, *, state: Any, rollout: Rollout, outputs: dict[str, Any]) -> dict[str, torch.Tensor] | LossOutput: ...
+    def __call__(
+        self, *, state: Any, rollout: Rollout, outputs: dict[str, Any]
+    ) -> dict[str, torch.Tensor] | LossOutput: ...
 
 
 @runtime_checkable

@@ -36,8 +36,9 @@ def read_jsonl(path: Path) -> list[dict]:
     return records
 
 
-def image_grid(images: torch.Tensor, captions: list[str], *, columns: int = 8, cell: int = 96,
-               caption_lines: int = 3) -> Image.Image:
+def image_grid(
+    images: torch.Tensor, captions: list[str], *, columns: int = 8, cell: int = 96, caption_lines: int = 3
+) -> Image.Image:
     """``[N, 3, H, W]`` images in [0, 1] as one picture, each upscaled (nearest) with its caption below."""
     font = ImageFont.load_default()
     line_height = 11
@@ -48,7 +49,10 @@ def image_grid(images: torch.Tensor, captions: list[str], *, columns: int = 8, c
     pixels = eight_bit(images).permute(0, 2, 3, 1).numpy()
     for i, (image, caption) in enumerate(zip(pixels, captions)):
         x, y = (i % columns) * cell, (i // columns) * (cell + caption_lines * line_height + 4)
-        canvas.paste(Image.fromarray(np.ascontiguousarray(image)).resize((cell - 4, cell - 4), Image.Resampling.NEAREST), (x + 2, y + 2))
+        canvas.paste(
+            Image.fromarray(np.ascontiguousarray(image)).resize((cell - 4, cell - 4), Image.Resampling.NEAREST),
+            (x + 2, y + 2),
+        )
         for j, line in enumerate(textwrap.wrap(caption, width=cell // 6)[:caption_lines]):
             draw.text((x + 2, y + cell + j * line_height), line, fill="black", font=font)
     return canvas
@@ -96,8 +100,9 @@ def read_wav(path: Path) -> tuple[torch.Tensor, int]:
     return torch.from_numpy(frames.reshape(-1, channels).T / 32767).float(), rate
 
 
-def save_spectrogram_grid(rows: dict[str, torch.Tensor], captions: list[str], path: Path, *, sample_rate: int,
-                          n_fft: int = 512) -> None:
+def save_spectrogram_grid(
+    rows: dict[str, torch.Tensor], captions: list[str], path: Path, *, sample_rate: int, n_fft: int = 512
+) -> None:
     """Log-magnitude spectrograms (dB, first channel) of audio ``[N, C, S]``: one row per entry of ``rows``
     (e.g. noisy / base / trained / clean), one column per sample, captioned, on one colour scale."""
     import matplotlib
@@ -110,11 +115,19 @@ def save_spectrogram_grid(rows: dict[str, torch.Tensor], captions: list[str], pa
     window = torch.hann_window(n_fft)
     for r, (label, audio) in enumerate(rows.items()):
         for c in range(count):
-            spectrum = torch.stft(audio[c, 0].detach().float().cpu(), n_fft, n_fft // 4, window=window,
-                                  return_complex=True).abs()
+            spectrum = torch.stft(
+                audio[c, 0].detach().float().cpu(), n_fft, n_fft // 4, window=window, return_complex=True
+            ).abs()
             decibels = 20 * torch.log10(spectrum.clamp(min=1e-5))
-            axes[r][c].imshow(decibels.numpy(), origin="lower", aspect="auto", vmin=-80, vmax=20, cmap="magma",
-                              extent=(0, audio.shape[-1] / sample_rate, 0, sample_rate / 2000))
+            axes[r][c].imshow(
+                decibels.numpy(),
+                origin="lower",
+                aspect="auto",
+                vmin=-80,
+                vmax=20,
+                cmap="magma",
+                extent=(0, audio.shape[-1] / sample_rate, 0, sample_rate / 2000),
+            )
             axes[r][c].set_xticks([])
             axes[r][c].set_yticks([] if c else [0, sample_rate // 4000])
             if c == 0:
@@ -145,7 +158,7 @@ def plot_metrics(metrics_file: Path, path: Path, eval_keys: list[str], keys: lis
             axes[0][0].plot(steps, values, label=key, alpha=0.5)
             window = max(1, len(values) // 10)
             smooth = np.convolve(values, np.ones(window) / window, mode="valid")
-            axes[0][0].plot(steps[window - 1:], smooth, label=f"{key} (mean of {window})")
+            axes[0][0].plot(steps[window - 1 :], smooth, label=f"{key} (mean of {window})")
     axes[0][0].set(xlabel="step", ylabel="training reward", title="reward during training")
     axes[0][0].legend(fontsize=7)
     if eval_keys:
@@ -174,8 +187,13 @@ def plot_pareto_front(front: list[dict], names: list[str], path: Path, base: dic
         axis.plot([base[names[0]]], [base[names[1]]], marker="s", color="grey", linestyle="none", label="base model")
         axis.legend(fontsize=8)
     for point, xi, yi in zip(front, x, y):
-        axis.annotate("(" + ", ".join(f"{w:.2f}" for w in point["weights"]) + ")", (xi, yi), fontsize=7,
-                      textcoords="offset points", xytext=(4, 4))
+        axis.annotate(
+            "(" + ", ".join(f"{w:.2f}" for w in point["weights"]) + ")",
+            (xi, yi),
+            fontsize=7,
+            textcoords="offset points",
+            xytext=(4, 4),
+        )
     axis.set(xlabel=names[0], ylabel=names[1], title="Pareto front (preference weights in brackets)")
     figure.tight_layout()
     figure.savefig(path, dpi=100)

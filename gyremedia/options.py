@@ -47,8 +47,12 @@ class Bounds:
     def contains(self, value: float) -> bool:
         if isinstance(value, float) and math.isnan(value):
             return False
-        return ((self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
-                and (self.lt is None or value < self.lt) and (self.le is None or value <= self.le))
+        return (
+            (self.gt is None or value > self.gt)
+            and (self.ge is None or value >= self.ge)
+            and (self.lt is None or value < self.lt)
+            and (self.le is None or value <= self.le)
+        )
 
     def describe(self) -> str:
         """``> 0``, ``in (0, 1]``, ``>= 1``, ..."""
@@ -67,10 +71,19 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
-def option(default: Any = MISSING, *, default_factory: Callable[[], Any] | Any = MISSING, help: str = "",
-           gt: float | None = None, ge: float | None = None, lt: float | None = None, le: float | None = None,
-           check: Callable[[Any], str | None] | None = None, hint: str | None = None,
-           owner: str | None = None) -> Any:
+def option(
+    default: Any = MISSING,
+    *,
+    default_factory: Callable[[], Any] | Any = MISSING,
+    help: str = "",
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    check: Callable[[Any], str | None] | None = None,
+    hint: str | None = None,
+    owner: str | None = None,
+) -> Any:
     """A dataclass field with its help string and its constraints.
 
     ``gt``/``ge``/``lt``/``le`` bound a number (each element of a list of numbers; ``None`` values
@@ -244,6 +257,8 @@ def pretrained_source(value: str) -> str | None:
         try:
             snapshot_download(value, local_files_only=True)
         except Exception:  # noqa: BLE001 - any miss means the same to the user
-            return (f"no folder of that name here, and the hub id is not in the local cache while the run is offline "
-                    f"(HF_HUB_OFFLINE=1): download it once (`hf download {value}`) or give {example}")
+            return (
+                f"no folder of that name here, and the hub id is not in the local cache while the run is offline "
+                f"(HF_HUB_OFFLINE=1): download it once (`hf download {value}`) or give {example}"
+            )
     return None

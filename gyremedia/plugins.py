@@ -87,8 +87,9 @@ class PluginManager:
 
     def register_component(self, component: Any, name: str) -> None:
         """Register a run's selected component object so its lifecycle hooks are called."""
-        if any(self.pm.parse_hookimpl_opts(component, attr) for attr in dir(component)
-               if attr.startswith("gyremedia_")):
+        if any(
+            self.pm.parse_hookimpl_opts(component, attr) for attr in dir(component) if attr.startswith("gyremedia_")
+        ):
             unique, copies = name, 1
             while self.pm.has_plugin(unique):  # e.g. the same sampler selected for training and eval
                 copies += 1
@@ -108,8 +109,15 @@ class PluginManager:
             hook = getattr(self.pm.hook, hook_name)
             for impl in reversed(hook.get_hookimpls()):
 
-                def register(name: str, factory: Callable[..., Any], *, options: type | None = None,
-                             _plugin: str = impl.plugin_name, _kind: str = kind, **meta: Any) -> None:
+                def register(
+                    name: str,
+                    factory: Callable[..., Any],
+                    *,
+                    options: type | None = None,
+                    _plugin: str = impl.plugin_name,
+                    _kind: str = kind,
+                    **meta: Any,
+                ) -> None:
                     if options is not None and not dataclasses.is_dataclass(options):
                         raise PluginError(f"{_kind} {name!r} from {_plugin!r}: options must be a dataclass")
                     capabilities = read_capabilities(_kind, name, _plugin, factory, meta)
@@ -134,16 +142,17 @@ class PluginManager:
             if plugin_name is None:
                 continue
             hooks = sorted(
-                impl.name for impl in self.pm.get_hookcallers(plugin) or []
+                impl.name
+                for impl in self.pm.get_hookcallers(plugin) or []
                 if not impl.name.startswith("gyremedia_register_")
             )
-            registers = sorted(
-                f"{c.kind}:{c.name}" for c in self.registry.all() if c.plugin == plugin_name
+            registers = sorted(f"{c.kind}:{c.name}" for c in self.registry.all() if c.plugin == plugin_name)
+            rows.append(
+                {
+                    "plugin": plugin_name,
+                    "package": self.distributions.get(plugin_name, "(local)"),
+                    "registers": registers,
+                    "hooks": hooks,
+                }
             )
-            rows.append({
-                "plugin": plugin_name,
-                "package": self.distributions.get(plugin_name, "(local)"),
-                "registers": registers,
-                "hooks": hooks,
-            })
         return sorted(rows, key=lambda r: r["plugin"])

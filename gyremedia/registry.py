@@ -16,9 +16,17 @@ ALLOW_LIST_ENV = "GYREMEDIA_PLUGINS"
 #: Hooks that change the data a run trains on; only config-selected components implement them.
 #: A stage that changes them (scoring, advantages, the update) is one too; the rollout stage is not, so that an
 #: installed inference engine can sample the same policy for every run.
-DATA_CHANGING_HOOKS = frozenset({"gyremedia_after_rollout", "gyremedia_process_rewards", "gyremedia_prepare_request",
-                                 "gyremedia_group_statistics", "gyremedia_score_rollout",
-                                 "gyremedia_compute_advantages", "gyremedia_update"})
+DATA_CHANGING_HOOKS = frozenset(
+    {
+        "gyremedia_after_rollout",
+        "gyremedia_process_rewards",
+        "gyremedia_prepare_request",
+        "gyremedia_group_statistics",
+        "gyremedia_score_rollout",
+        "gyremedia_compute_advantages",
+        "gyremedia_update",
+    }
+)
 
 #: The component kinds and the registration hook of each.
 COMPONENT_KINDS = {
@@ -74,16 +82,26 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
     # transitions: "denoising" (sampler steps of a state) or "tokens" (a token policy samples itself)
     # shardable: every process runs the same model calls in a step, as FSDP's collectives need
     # compilable: compile() compiles its networks in place (train.compile)
-    "backbone": {"media_kind": None, "prediction": None, "transitions": "denoising", "shardable": False,
-                 "compilable": False},
+    "backbone": {
+        "media_kind": None,
+        "prediction": None,
+        "transitions": "denoising",
+        "shardable": False,
+        "compilable": False,
+    },
     "sampler": {"has_log_prob": False, "needs_predict": False, "prediction": None},
     # kl_regularizer: the regularizer an objective's `kl_beta` option selects (with that weight)
     # needs_tree_rollouts: it trains on tree rollouts (rollout.branch_steps)
     # plans_transitions: planned_transitions(stochastic, step) names the transitions it will replay before the
     # rollout is sampled, among the stochastic ones (train.reuse_rollout_forward)
-    "objective": {"requires_log_prob": False, "default_weighting": None, "kl_regularizer": None,
-                  "needs_tree_rollouts": False, "plans_transitions": False,
-                  "transitions": None},  # transitions: what it trains (None: any)
+    "objective": {
+        "requires_log_prob": False,
+        "default_weighting": None,
+        "kl_regularizer": None,
+        "needs_tree_rollouts": False,
+        "plans_transitions": False,
+        "transitions": None,
+    },  # transitions: what it trains (None: any)
     "reward": {"kinds": None},  # the media kinds it scores
     "regularizer": {"requires_log_prob": False, "transitions": None},
     "weighting": {},
@@ -98,18 +116,25 @@ def read_capabilities(kind: str, name: str, plugin: str, factory: Any, given: di
     where = f"{kind} {name!r} from {plugin!r}"
     unknown = sorted(k for k in given if k not in known and k != "description")
     if unknown:
-        hints = [f"{k} (did you mean {difflib.get_close_matches(k, list(known), n=1)[0]}?)"
-                 if difflib.get_close_matches(k, list(known), n=1) else k for k in unknown]
+        hints = [
+            f"{k} (did you mean {difflib.get_close_matches(k, list(known), n=1)[0]}?)"
+            if difflib.get_close_matches(k, list(known), n=1)
+            else k
+            for k in unknown
+        ]
         allowed = ", ".join(known) or "none"
-        raise PluginError(f"{where}: unknown register() keys {', '.join(hints)}; a {kind} declares {allowed} "
-                          "as class attributes")
+        raise PluginError(
+            f"{where}: unknown register() keys {', '.join(hints)}; a {kind} declares {allowed} as class attributes"
+        )
     meta: dict[str, Any] = {"description": given.get("description", "")}
     for key, default in known.items():
         declared = getattr(factory, key, default) if isinstance(factory, type) else default
         if key in given:
             if isinstance(factory, type) and hasattr(factory, key) and getattr(factory, key) != given[key]:
-                raise PluginError(f"{where}: register({key}={given[key]!r}) disagrees with the class's "
-                                  f"{key} = {getattr(factory, key)!r}: declare it once, on the class")
+                raise PluginError(
+                    f"{where}: register({key}={given[key]!r}) disagrees with the class's "
+                    f"{key} = {getattr(factory, key)!r}: declare it once, on the class"
+                )
             declared = given[key]
         meta[key] = declared
     return meta
@@ -153,8 +178,6 @@ class Registry:
         if broken:
             message += " These plugins failed to load and may provide it: " + "; ".join(broken)
         raise PluginError(message)
-
-
 
 
 def call_each(pm: Any, hook_name: str, **kwargs: Any) -> dict[str, Any]:

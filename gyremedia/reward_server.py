@@ -56,8 +56,11 @@ def encode_batch(media: Media, prompts: list[str]) -> bytes:
             tensors[f"meta/{key}"] = value.detach().cpu().contiguous()
         else:
             meta[key] = value
-    header = {"kind": media.kind, "meta": _json(meta, "media.meta"),
-              "prompts": _json([[str(p), dict(prompt_fields(p))] for p in prompts], "the prompt records' fields")}
+    header = {
+        "kind": media.kind,
+        "meta": _json(meta, "media.meta"),
+        "prompts": _json([[str(p), dict(prompt_fields(p))] for p in prompts], "the prompt records' fields"),
+    }
     if isinstance(media.data, list):
         header["text"] = _json(media.data, "text media")
     else:
@@ -92,7 +95,7 @@ def _load(body: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """A safetensors document's tensors and string header (safetensors' own readers give the header of files only)."""
     try:
         size = int.from_bytes(body[:8], "little")
-        header = json.loads(body[8:8 + size]).get("__metadata__") or {}
+        header = json.loads(body[8 : 8 + size]).get("__metadata__") or {}
         tensors = load_tensors(body)
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a bad document
         raise WireError(f"not a safetensors document ({type(exc).__name__}: {exc})") from exc
@@ -104,8 +107,9 @@ def _json(value: Any, what: str) -> str:
     try:
         return json.dumps(value, allow_nan=True)
     except TypeError as exc:
-        raise WireError(f"{what} cannot cross the wire as JSON ({exc}): give numbers, strings, lists and mappings, "
-                        "or tensors") from exc
+        raise WireError(
+            f"{what} cannot cross the wire as JSON ({exc}): give numbers, strings, lists and mappings, or tensors"
+        ) from exc
 
 
 @dataclass
@@ -150,9 +154,13 @@ class RewardService:
         self.held: _Request | None = None  # a request that could not join the last batch: it starts the next
 
     def health(self) -> dict[str, Any]:
-        return {"status": "ready", "reward": self.name, "kinds": self.kinds,
-                "batch_size": getattr(self.reward, "batch_size", None),
-                "metrics": [f"{self.name}/{key}" for key in sorted(self.components)]}
+        return {
+            "status": "ready",
+            "reward": self.name,
+            "kinds": self.kinds,
+            "batch_size": getattr(self.reward, "batch_size", None),
+            "metrics": [f"{self.name}/{key}" for key in sorted(self.components)],
+        }
 
     async def score(self, media: Media, prompts: list[Prompt]) -> dict[str, torch.Tensor]:
         if self.queue is None:
@@ -180,8 +188,9 @@ class RewardService:
                 size += len(request.prompts)
             prompts: list[str] = [p for request in batch for p in request.prompts]
             try:
-                scores = await loop.run_in_executor(self.worker, call_reward, self.reward,
-                                                    _join([r.media for r in batch]), prompts)
+                scores = await loop.run_in_executor(
+                    self.worker, call_reward, self.reward, _join([r.media for r in batch]), prompts
+                )
             except Exception as exc:  # noqa: BLE001 - every waiting request gets the reward's own error
                 for request in batch:
                     request.answer.set_exception(exc)
@@ -214,10 +223,12 @@ def build_app(service: RewardService) -> Any:
         except MalformedRewardOutput as exc:
             return JSONResponse({"error": f"reward {service.name!r} {exc}", "contract": True}, status_code=422)
         except Exception as exc:  # noqa: BLE001 - reported to the caller, whose failure policy decides
-            logger.warning("reward %r raised on a batch of %d: %s: %s", service.name, len(prompts),
-                           type(exc).__name__, exc)
-            return JSONResponse({"error": f"reward {service.name!r} raised {type(exc).__name__}: {exc}"},
-                                status_code=500)
+            logger.warning(
+                "reward %r raised on a batch of %d: %s: %s", service.name, len(prompts), type(exc).__name__, exc
+            )
+            return JSONResponse(
+                {"error": f"reward {service.name!r} raised {type(exc).__name__}: {exc}"}, status_code=500
+            )
         return Response(encode_scores(scores), media_type=CONTENT_TYPE)
 
     return Starlette(routes=[Route("/health", health), Route("/score", score, methods=["POST"])])

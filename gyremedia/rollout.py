@@ -109,8 +109,6 @@ class Rollout:
             return value
 
         changes = {
-            f.name: take(getattr(self, f.name))
-            for f in dataclasses.fields(self)
-            if f.name not in ("prompts", "sigmas")
+            f.name: take(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in ("prompts", "sigmas")
         }
         return Rollout(prompts=[self.prompts[i] for i in positions], sigmas=self.sigmas, **changes)

@@ -26,8 +26,16 @@ CHANGES_FILE = "heldout_changes.json"  # every eval score, last step minus step 
 #: Settings a resumed run may change freely (a key, or a section and everything under it): they decide how long
 #: it runs, what it reports, how often it saves and where its folder is, never what it trains. Any other change
 #: is refused unless the command names it with ``--override-resumed KEY`` (docs/errors.md).
-RESUMABLE_SETTINGS = ("train.steps", "eval", "logging", "checkpoint.every", "checkpoint.keep_last",
-                      "checkpoint.max_lost_seconds", "export", "run.output_dir")
+RESUMABLE_SETTINGS = (
+    "train.steps",
+    "eval",
+    "logging",
+    "checkpoint.every",
+    "checkpoint.keep_last",
+    "checkpoint.max_lost_seconds",
+    "export",
+    "run.output_dir",
+)
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -43,7 +51,7 @@ def _covers(key: str, names: tuple[str, ...] | list[str]) -> bool:
     return any(key == name or key.startswith(name + ".") for name in names)
 
 
-def check_resumed_settings(saved_yaml: str, config: ResolvedConfig, overridden: list[str], source: Path) -> list[str]:
+def changed_settings(saved_yaml: str, config: ResolvedConfig, overridden: list[str], source: Path) -> list[str]:
     """Refuse a resume whose settings differ from those ``source`` (a checkpoint) was trained with, except
     :data:`RESUMABLE_SETTINGS` and the keys (or sections) in ``overridden``; returns the changed keys that apply.
 
@@ -53,15 +61,22 @@ def check_resumed_settings(saved_yaml: str, config: ResolvedConfig, overridden: 
     # was written: it is not a change of the run's (an added or removed section, e.g. a second reward, still is).
     sections = [{k.rpartition(".")[0] for k in flat} for flat in (saved, new)]
     versions = {k for k in saved.keys() ^ new.keys() if all(k.rpartition(".")[0] in s for s in sections)}
-    changed = sorted(k for k in (saved.keys() | new.keys()) - versions
-                     if saved.get(k, "(unset)") != new.get(k, "(unset)"))
+    changed = sorted(
+        k for k in (saved.keys() | new.keys()) - versions if saved.get(k, "(unset)") != new.get(k, "(unset)")
+    )
     refused = [k for k in changed if not _covers(k, RESUMABLE_SETTINGS) and not _covers(k, overridden)]
     if refused:
-        errors = [f"{k}={new.get(k, '(unset)')!r} differs from the {saved.get(k, '(unset)')!r} the run was trained "
-                  f"with ({source}): a resumed run keeps its settings; to change it anyway, add "
-                  f"--override-resumed {k}" for k in refused]
-        raise ConfigError(errors[0] if len(errors) == 1 else
-                          f"{len(errors)} settings differ from the resumed run's:\n  - " + "\n  - ".join(errors))
+        errors = [
+            f"{k}={new.get(k, '(unset)')!r} differs from the {saved.get(k, '(unset)')!r} the run was trained "
+            f"with ({source}): a resumed run keeps its settings; to change it anyway, add "
+            f"--override-resumed {k}"
+            for k in refused
+        ]
+        raise ConfigError(
+            errors[0]
+            if len(errors) == 1
+            else f"{len(errors)} settings differ from the resumed run's:\n  - " + "\n  - ".join(errors)
+        )
     return [k for k in changed if _covers(k, overridden)]
 
 
@@ -78,8 +93,10 @@ def run_config(run_dir: Path, overrides: list[str], pm: PluginHost) -> ResolvedC
     except Exception as exc:  # noqa: BLE001 - whatever a cut-off yaml raises
         newest = ckpt.latest_checkpoint(Path(run_dir), warn=False)
         if newest is None or ckpt.saved_config(newest) is None:
-            raise ConfigError(f"{path} does not parse ({type(exc).__name__}), and no checkpoint keeps a copy of the "
-                              "config: restore it, or start a new run (run.output_dir)") from exc
+            raise ConfigError(
+                f"{path} does not parse ({type(exc).__name__}), and no checkpoint keeps a copy of the "
+                "config: restore it, or start a new run (run.output_dir)"
+            ) from exc
         logger.warning("%s does not parse (%s): using the copy in %s", path, type(exc).__name__, newest)
         path = newest / ckpt.CONFIG
     return resolve_config(load_config(path, overrides), pm)
@@ -115,11 +132,14 @@ def check_export_folder(out_dir: Path, run_dir: Path, overwrite: bool) -> None:
     unless ``overwrite``, into a folder that holds anything (stale files would mix with the new model's)."""
     out, run = Path(out_dir).resolve(), Path(run_dir).resolve()
     if out == run or out in run.parents:
-        raise ConfigError(f"{out_dir} holds the run folder {run_dir}: export into a folder of its own (an export "
-                          "replaces its folder whole)")
+        raise ConfigError(
+            f"{out_dir} holds the run folder {run_dir}: export into a folder of its own (an export "
+            "replaces its folder whole)"
+        )
     if not overwrite and out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"{out_dir} is not empty: export into a new folder, or add --overwrite to replace what it "
-                          "holds")
+        raise ConfigError(
+            f"{out_dir} is not empty: export into a new folder, or add --overwrite to replace what it holds"
+        )
 
 
 def export_whole(backbone: Any, out_dir: Path, *, merge_lora: bool) -> None:
@@ -146,15 +166,18 @@ def export_whole(backbone: Any, out_dir: Path, *, merge_lora: bool) -> None:
 
 
 def _context(config: ResolvedConfig, device: torch.device | None) -> BuildContext:
-    return BuildContext(device=device or default_device(), seed=config.core.run.seed,
-                        mixed_precision=config.core.train.mixed_precision)
+    return BuildContext(
+        device=device or default_device(), seed=config.core.run.seed, mixed_precision=config.core.train.mixed_precision
+    )
 
 
 def build_backbone(config: ResolvedConfig, pm: PluginHost, device: torch.device | None = None) -> Any:
     return pm.build(config.backbone, _context(config, device))
 
 
-def build_scoring(config: ResolvedConfig, pm: PluginHost, device: torch.device | None = None) -> tuple[Any, dict[str, Any]]:
+def build_scoring(
+    config: ResolvedConfig, pm: PluginHost, device: torch.device | None = None
+) -> tuple[Any, dict[str, Any]]:
     """The evaluation sampler and the rewards of a run, its held-out gold rewards (``monitor.gold``)
     named ``gold/<name>``."""
     context = _context(config, device)

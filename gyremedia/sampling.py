@@ -120,8 +120,11 @@ class KeptForwards:
         for index, given in self.inputs.items():
             given = given if in_order else given[compared.rows_on(given.device)]
             state = trajectories[:, index].to(given.device)
-            flags[index] = (given == state).all() if given.shape == state.shape and given.dtype == state.dtype \
+            flags[index] = (
+                (given == state).all()
+                if given.shape == state.shape and given.dtype == state.dtype
                 else torch.tensor(False, device=given.device)
+            )
         if flags:
             first = next(iter(flags.values())).device
             read = torch.stack([flag.to(first) for flag in flags.values()]).tolist()
@@ -139,10 +142,17 @@ class KeptForwards:
 
 
 @torch.no_grad()
-def sample_trajectories(backbone: DenoisingBackbone, sampler: Sampler, conditions: dict[str, torch.Tensor], *,
-                        initial_generators: list[torch.Generator], step_generators: list[torch.Generator],
-                        num_steps: int, guidance_scale: float,
-                        keep: KeptForwards | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+def sample_trajectories(
+    backbone: DenoisingBackbone,
+    sampler: Sampler,
+    conditions: dict[str, torch.Tensor],
+    *,
+    initial_generators: list[torch.Generator],
+    step_generators: list[torch.Generator],
+    num_steps: int,
+    guidance_scale: float,
+    keep: KeptForwards | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Roll out one batch; returns ``states [B, S+1, ...]``, ``log_probs [B, S]`` (or None) and ``sigmas``.
 
     With ``keep``, the model's outputs at ``keep.indices`` are computed with gradients and stored in it
@@ -174,8 +184,9 @@ def sample_trajectories(backbone: DenoisingBackbone, sampler: Sampler, condition
     return torch.stack(states, dim=1), stacked_log_probs, sigmas
 
 
-def replay_transition(ctx: ObjectiveContext, rollout: Rollout, index: int, *,
-                      reference: bool = False) -> tuple[Transition, torch.Tensor]:
+def replay_transition(
+    ctx: ObjectiveContext, rollout: Rollout, index: int, *, reference: bool = False
+) -> tuple[Transition, torch.Tensor]:
     """Recompute transition ``index`` of a recorded rollout under the current (or reference) policy.
 
     Returns the sampler's transition (mean, std and the log-prob of the recorded next state) and
@@ -191,7 +202,6 @@ def replay_transition(ctx: ObjectiveContext, rollout: Rollout, index: int, *,
         raise ValueError("replay needs the run's sampler (a policy that samples its own tokens replays none)")
     if output is None:
         backbone = cast(DenoisingBackbone, ctx.backbone)  # a rollout with sigmas is a denoising policy's
-        output = backbone.predict(x, rollout.sigmas[index], rollout.conditions, ctx.guidance_scale,
-                                  reference=reference)
+        output = backbone.predict(x, rollout.sigmas[index], rollout.conditions, ctx.guidance_scale, reference=reference)
     transition = ctx.sampler.step(x, output, rollout.sigmas, index, next_state=rollout.states[:, index + 1])
     return transition, output

@@ -46,8 +46,10 @@ class MalformedRewardOutput(ValueError):
 
 
 #: What every reward returns (:class:`gyremedia.interfaces.Reward`), quoted in the errors that break it.
-REWARD_CONTRACT = ("a reward returns a Tensor[B], or a dict of Tensor[B] holding a 'score' (its other entries are "
-                   "logged as components)")
+REWARD_CONTRACT = (
+    "a reward returns a Tensor[B], or a dict of Tensor[B] holding a 'score' (its other entries are "
+    "logged as components)"
+)
 
 
 #: Component names a reward may not return: the trainer logs ``reward/<name>/dropped`` itself.
@@ -57,10 +59,13 @@ RESERVED_COMPONENTS = frozenset({"dropped"})
 def call_reward(reward: Any, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
     """One reward's components for a batch, as float32 CPU tensors ``[B]`` (shapes checked)."""
     size = int(getattr(reward, "batch_size", None) or len(prompts)) or 1
-    outputs = [reward(media.select(slice(begin, begin + size)), prompts[begin:begin + size])
-               for begin in range(0, len(prompts), size)]
+    outputs = [
+        reward(media.select(slice(begin, begin + size)), prompts[begin : begin + size])
+        for begin in range(0, len(prompts), size)
+    ]
     pending = [i for i, out in enumerate(outputs) if inspect.isawaitable(out)]
     if pending:
+
         async def wait_all() -> list[Any]:
             return await asyncio.gather(*(outputs[i] for i in pending))
 
@@ -74,15 +79,19 @@ def call_reward(reward: Any, media: Media, prompts: list[str]) -> dict[str, torc
         raise MalformedRewardOutput(f"returned different keys for different chunks of the batch: {REWARD_CONTRACT}")
     reserved = keys & RESERVED_COMPONENTS
     if reserved:
-        raise MalformedRewardOutput(f"returned a component named {sorted(reserved)[0]!r}, a name the trainer uses for "
-                                    "its own per-reward metrics: rename it")
+        raise MalformedRewardOutput(
+            f"returned a component named {sorted(reserved)[0]!r}, a name the trainer uses for "
+            "its own per-reward metrics: rename it"
+        )
     components = {}
     for key in parts[0]:
         chunks = [torch.as_tensor(p[key], dtype=torch.float32).detach().cpu() for p in parts]
         shapes = [tuple(chunk.shape) for chunk in chunks]
         if sum(chunk.numel() for chunk in chunks) != len(prompts) or any(len(s) != 1 for s in shapes):
-            raise MalformedRewardOutput(f"'{key}' has shape {shapes[0] if len(shapes) == 1 else shapes}, expected "
-                                        f"({len(prompts)},): {REWARD_CONTRACT}")
+            raise MalformedRewardOutput(
+                f"'{key}' has shape {shapes[0] if len(shapes) == 1 else shapes}, expected "
+                f"({len(prompts)},): {REWARD_CONTRACT}"
+            )
         components[key] = torch.cat(chunks)
     return components
 
@@ -120,8 +129,14 @@ class Scorer:
         """
         futures = {}
         for s in self.selected:
-            self._latest[s.name] = in_own_thread(call_reward, self.rewards[s.name], media, prompts,
-                                                 after=self._latest.get(s.name), name="gyremedia-reward")
+            self._latest[s.name] = in_own_thread(
+                call_reward,
+                self.rewards[s.name],
+                media,
+                prompts,
+                after=self._latest.get(s.name),
+                name="gyremedia-reward",
+            )
             futures[s.name] = (self._latest[s.name], time.monotonic())
         return futures
 
@@ -156,15 +171,21 @@ class Scorer:
                     failed |= bad
             scores["score"] = scores["score"].masked_fill(failed, float("nan"))
             if failed.any():
-                logger.warning("reward %r dropped %d of %d samples %s (first prompt %r)", s.name, int(failed.sum()),
-                               len(prompts), f"at step {step}" if isinstance(step, int) else step,
-                               prompts[int(failed.nonzero()[0])])
+                logger.warning(
+                    "reward %r dropped %d of %d samples %s (first prompt %r)",
+                    s.name,
+                    int(failed.sum()),
+                    len(prompts),
+                    f"at step {step}" if isinstance(step, int) else step,
+                    prompts[int(failed.nonzero()[0])],
+                )
             components[s.name], dropped[s.name] = scores, failed
         return ScoredBatch(components, dropped)
 
     @staticmethod
-    def _failed(name: str, step: int | str, prompts: list[str], why: str, policy: str,
-                cause: BaseException | None = None) -> dict[str, torch.Tensor]:
+    def _failed(
+        name: str, step: int | str, prompts: list[str], why: str, policy: str, cause: BaseException | None = None
+    ) -> dict[str, torch.Tensor]:
         """The whole call failed: raise, or return an all-NaN score to drop every sample."""
         if policy == "fail":
             raise reward_error(name, step, prompts, why) from cause

@@ -38,9 +38,11 @@ def shard(module: torch.nn.Module, reshard_after_forward: bool = True) -> int:
         # (diffusers' _keep_in_fp32_modules, e.g. Wan's norms) cannot be trained in bf16 weights sharded
         dtypes = {p.dtype for p in unit.parameters() if p.requires_grad}
         if len(dtypes) > 1:
-            raise ValueError(f"{type(unit).__name__} trains weights of several dtypes ({', '.join(sorted(map(str, dtypes)))}"
-                             "), which FSDP2 cannot shard together: keep the weights in fp32 (backbone.dtype=float32"
-                             ", with train.mixed_precision=bf16 to compute in bf16) or train LoRA adapters")
+            raise ValueError(
+                f"{type(unit).__name__} trains weights of several dtypes ({', '.join(sorted(map(str, dtypes)))}"
+                "), which FSDP2 cannot shard together: keep the weights in fp32 (backbone.dtype=float32"
+                ", with train.mixed_precision=bf16 to compute in bf16) or train LoRA adapters"
+            )
     for unit in units:
         fully_shard(unit, reshard_after_forward=reshard_after_forward)
     fully_shard(module, reshard_after_forward=reshard_after_forward)
@@ -68,8 +70,9 @@ def full_optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Op
     return get_optimizer_state_dict(module, optimizer, options=_full_options(cpu_offload=True))
 
 
-def load_full_optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                                   state: dict[str, Any]) -> None:
+def load_full_optimizer_state_dict(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
     """Give every rank its shard of a full optimizer state (each rank passes the whole ``state``)."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
@@ -80,8 +83,11 @@ def stock_class(module: torch.nn.Module) -> type:
     """The model's own class under the wrapper class ``fully_shard`` gives it (``FSDP<name>``)."""
     from torch.distributed.fsdp import FSDPModule
 
-    return next(c for c in type(module).__mro__ if issubclass(c, torch.nn.Module) and not issubclass(c, FSDPModule)
-                and c is not type(module))
+    return next(
+        c
+        for c in type(module).__mro__
+        if issubclass(c, torch.nn.Module) and not issubclass(c, FSDPModule) and c is not type(module)
+    )
 
 
 def unsharded_copy(module: torch.nn.Module, prepare=None) -> torch.nn.Module | None:

@@ -21,8 +21,10 @@ class Interrupted(RuntimeError):
 
     def __init__(self, signum: int, step: int, checkpoint: Path, run_dir: Path) -> None:
         name = signal.Signals(signum).name
-        super().__init__(f"{name} received: stopped after step {step} with checkpoint {checkpoint}; continue with "
-                         f"`gyremedia train --resume {run_dir}`")
+        super().__init__(
+            f"{name} received: stopped after step {step} with checkpoint {checkpoint}; continue with "
+            f"`gyremedia train --resume {run_dir}`"
+        )
         self.exit_code = 128 + signum
 
 
@@ -47,11 +49,18 @@ class StopSignals:
                 os._exit(128 + signum)
             self.received = signum
             if self.finishing:
-                logger.warning("%s received during the end-of-run export: finishing it (every step is trained and "
-                               "checkpointed; send it again to exit at once)", name)
+                logger.warning(
+                    "%s received during the end-of-run export: finishing it (every step is trained and "
+                    "checkpointed; send it again to exit at once)",
+                    name,
+                )
                 return
-            logger.warning("%s received: finishing step %d, then writing a checkpoint and stopping "
-                           "(send it again to exit at once)", name, next_step())
+            logger.warning(
+                "%s received: finishing step %d, then writing a checkpoint and stopping "
+                "(send it again to exit at once)",
+                name,
+                next_step(),
+            )
 
         previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
         try:

@@ -34,8 +34,9 @@ def stream_rng(seed: int, step: int, stream: Stream, *keys: int) -> np.random.Ge
     return np.random.default_rng([seed, step, int(stream), *(int(k) for k in keys)])
 
 
-def sample_generators(seed: int, step: int, stream: Stream | tuple[int, ...], ids: list[int],
-                      device: torch.device | str = "cpu") -> list[torch.Generator]:
+def sample_generators(
+    seed: int, step: int, stream: Stream | tuple[int, ...], ids: list[int], device: torch.device | str = "cpu"
+) -> list[torch.Generator]:
     """One torch generator per id on ``device``, seeded from ``(seed, step, stream..., id)`` through numpy's
     SeedSequence.
 

@@ -10,8 +10,9 @@ from typing import Any, Callable
 _running: set[threading.Thread] = set()  # threads of in_own_thread that have not ended
 
 
-def in_own_thread(function: Callable[..., Any], *args: Any, after: Future | None = None,
-                  name: str = "gyremedia-worker") -> Future:
+def in_own_thread(
+    function: Callable[..., Any], *args: Any, after: Future | None = None, name: str = "gyremedia-worker"
+) -> Future:
     """``function(*args)`` in a new daemon thread that ends with the call (once ``after`` is done); its future.
 
     Not a persistent pool: a worker thread that once ran a parallel torch op keeps an OpenMP thread team for

@@ -20,11 +20,11 @@ from tqdm.auto import tqdm
 from gyremedia import checkpoint as ckpt
 from gyremedia import evaluation
 from gyremedia.config import ConfigError, ResolvedConfig
-from gyremedia.distributed import raise_together
+from gyremedia.distributed import any_rank, raise_together
 from gyremedia.interfaces import BuildContext, Compilable, Shardable
 from gyremedia.registry import PluginHost
 from gyremedia.rollout import Rollout
-from gyremedia.runs import RESOLVED_CONFIG, check_resumed_settings
+from gyremedia.runs import RESOLVED_CONFIG
 from gyremedia.scoring import RewardError  # noqa: F401 - part of this module's API
 from gyremedia.signals import Interrupted, StopSignals
 from gyremedia.stages import build, checkpointing, finish, rollout, scoring
@@ -46,8 +46,15 @@ def _create_accelerator() -> Any:
 class Trainer:
     """Builds the selected components and runs the loop; ``Trainer(config, pm).train()``."""
 
-    def __init__(self, config: ResolvedConfig, plugins: PluginHost, *, resume: bool = False,
-                 override_resumed: list[str] | tuple[str, ...] = (), accelerator: Any = None) -> None:
+    def __init__(
+        self,
+        config: ResolvedConfig,
+        plugins: PluginHost,
+        *,
+        resume: bool = False,
+        override_resumed: list[str] | tuple[str, ...] = (),
+        accelerator: Any = None,
+    ) -> None:
         self.config, self.core = config, config.core
         self.accelerator = accelerator or _create_accelerator()
         check_process_layout(config, self.accelerator.num_processes)
@@ -55,31 +62,25 @@ class Trainer:
         self.run_dir = Path(self.core.run.output_dir)
         self.resume = resume
         if not resume and ckpt.list_checkpoints(self.run_dir):
-            raise ConfigError(f"run.output_dir={str(self.run_dir)!r} already holds checkpoints: resume it with "
-                              f"`gyremedia train --resume {self.run_dir}` or set run.output_dir to a new folder")
+            raise ConfigError(
+                f"run.output_dir={str(self.run_dir)!r} already holds checkpoints: resume it with "
+                f"`gyremedia train --resume {self.run_dir}` or set run.output_dir to a new folder"
+            )
         if resume:
-            self._check_resumed_settings(override_resumed)
-        self.state = TrainState(config=config, accelerator=self.accelerator, run_dir=self.run_dir, plugins=plugins,
-                                sharded=sharded, prompts=evaluation.training_prompts(config))
+            checkpointing.check_resumed_settings(self.run_dir, config, override_resumed)
+        self.state = TrainState(
+            config=config,
+            accelerator=self.accelerator,
+            run_dir=self.run_dir,
+            plugins=plugins,
+            sharded=sharded,
+            prompts=evaluation.training_prompts(config),
+        )
         # With async scoring: the next step's rollout, sampled and being scored. Not checkpointed: a
         # resumed run samples it again with the restored policy.
         self._pending: dict[int, tuple[Rollout, dict[str, Any], float]] = {}
         self.signals = StopSignals()
         self._started = time.monotonic()
-
-    def _check_resumed_settings(self, overridden: list[str] | tuple[str, ...]) -> None:
-        """Before any model loads: refuse settings that differ from those the newest checkpoint was trained with
-        (see :func:`gyremedia.runs.check_resumed_settings`), except those ``overridden`` lets through."""
-        newest = ckpt.latest_checkpoint(self.run_dir, warn=False)
-        saved = ckpt.saved_config(newest) if newest is not None else None
-        source = newest
-        if saved is None and (self.run_dir / RESOLVED_CONFIG).is_file():  # a checkpoint written before 2026-12
-            saved, source = (self.run_dir / RESOLVED_CONFIG).read_text(), self.run_dir / RESOLVED_CONFIG
-        if saved is None or source is None:
-            return
-        changed = check_resumed_settings(saved, self.config, list(overridden), source)
-        if changed:
-            logger.warning("resuming with changed settings (--override-resumed): %s", ", ".join(changed))
 
     def setup(self) -> TrainState:
         """Write the resolved config, build components, prepare with accelerate, maybe resume."""
@@ -92,8 +93,14 @@ class Trainer:
         acc.wait_for_everyone()
         set_seed(self.core.run.seed, device_specific=True)
         state.plugins.hook.gyremedia_configure(config=self.config, accelerator=acc)
-        context = BuildContext(device=acc.device, run_dir=self.run_dir, accelerator=acc, seed=self.core.run.seed,
-                               is_main_process=acc.is_main_process, mixed_precision=self.core.train.mixed_precision)
+        context = BuildContext(
+            device=acc.device,
+            run_dir=self.run_dir,
+            accelerator=acc,
+            seed=self.core.run.seed,
+            is_main_process=acc.is_main_process,
+            mixed_precision=self.core.train.mixed_precision,
+        )
         build.build_components(state, context)
         # A checkpoint's weights go in before sharding; its optimizer state once the optimizer exists.
         loaded = checkpointing.read_checkpoint(state) if self.resume else None
@@ -104,8 +111,10 @@ class Trainer:
             logger.info("FSDP2: the model is sharded over %d processes by %d blocks", acc.num_processes, blocks)
         if self.core.train.compile:  # after sharding: the blocks' all-gathers run around the compiled graphs
             cast(Compilable, state.backbone).compile()  # the config checked it declares compilable
-            logger.info("train.compile: the first rollout, update and evaluation compile the model (a minute or "
-                        "more on a CPU); later ones run compiled")
+            logger.info(
+                "train.compile: the first rollout, update and evaluation compile the model (a minute or "
+                "more on a CPU); later ones run compiled"
+            )
         build.build_optimizer(state)
         if loaded is not None:
             checkpointing.resume(state, loaded)
@@ -166,8 +175,13 @@ class Trainer:
         state = self.setup() if self.state.backbone is None else self.state
         self._started = time.monotonic()
         state.last_save = state.last_save or (state.step, time.monotonic())
-        progress = tqdm(total=self.core.train.steps, initial=state.step, desc="train", dynamic_ncols=True,
-                        disable=not (self.accelerator.is_main_process and self.core.logging.progress))
+        progress = tqdm(
+            total=self.core.train.steps,
+            initial=state.step,
+            desc="train",
+            dynamic_ncols=True,
+            disable=not (self.accelerator.is_main_process and self.core.logging.progress),
+        )
         try:
             with self.signals.handled(lambda: state.step + 1):
                 self._steps(progress)
@@ -204,7 +218,7 @@ class Trainer:
             self._log(metrics, state.step)
             progress.update(1)
             progress.set_postfix(reward=f"{metrics['reward']:.4f}", loss=f"{metrics['loss']:.4g}")
-            stop, overdue = self._agree(self.signals.received is not None, self._save_overdue())
+            stop, overdue = any_rank(self.accelerator, self.signals.received is not None, self._save_overdue())
             if state.step % every == 0 or state.step == total or overdue or stop:
                 self.save()
             if stop:
@@ -215,13 +229,6 @@ class Trainer:
         """Whether ``checkpoint.max_lost_seconds`` have passed since the last checkpoint."""
         limit, last = self.core.checkpoint.max_lost_seconds, self.state.last_save
         return bool(limit) and last is not None and time.monotonic() - last[1] >= limit
-
-    def _agree(self, *flags: bool) -> list[bool]:
-        """Each flag, true if it is true on any rank (one collective), so every rank takes the same branch."""
-        if self.accelerator.num_processes == 1:
-            return list(flags)
-        local = torch.tensor([float(f) for f in flags], device=self.accelerator.device)
-        return [bool(v) for v in (self.accelerator.gather(local[None]).amax(dim=0) > 0).tolist()]
 
     def summary(self) -> list[str]:
         """What a finished run learned and where its artifacts are (main process), a few lines for the terminal."""

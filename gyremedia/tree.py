@@ -31,27 +31,34 @@ class TreeTrajectories:
 
 
 @torch.no_grad()
-def sample_trees(backbone: DenoisingBackbone, sampler: Sampler, conditions: dict[str, torch.Tensor], *, group_ids: list[int],
-                 seed: int, step: int, branch_steps: list[int], width: int, num_steps: int,
-                 guidance_scale: float, roots: int = 1) -> TreeTrajectories:
+def sample_trees(
+    backbone: DenoisingBackbone,
+    sampler: Sampler,
+    conditions: dict[str, torch.Tensor],
+    *,
+    group_ids: list[int],
+    seed: int,
+    step: int,
+    branch_steps: list[int],
+    width: int,
+    num_steps: int,
+    guidance_scale: float,
+    roots: int = 1,
+) -> TreeTrajectories:
     """Grow ``roots`` trees per entry of ``group_ids`` (``conditions`` holds one row per group).
 
     Node noise is drawn from a generator keyed by ``(seed, step, group, depth, path)`` (the path starts
     with the root's index when there are several), so a tree is the same whatever else is in the batch
     and on any number of processes.
     """
-    if roots == 1:
-        x = backbone.sample_noise(sample_generators(seed, step, Stream.INITIAL_NOISE, group_ids))
-        paths: list[tuple[int, tuple[int, ...]]] = [(g, ()) for g in group_ids]  # (group, child indices so far) per node
-    else:
-        paths = [(g, (r,)) for g in group_ids for r in range(roots)]
-        x = backbone.sample_noise([sample_generators(seed, step, (Stream.INITIAL_NOISE, path[0]), [g])[0]
-                                   for g, path in paths])
+    x, paths = _roots(backbone, group_ids, seed, step, roots)
     sigmas = backbone.sigmas(num_steps).to(x.device)
     owner = torch.arange(len(group_ids)).repeat_interleave(roots)  # which group (row of `conditions`) owns each node
 
     def generators() -> list[torch.Generator]:
-        return [sample_generators(seed, step, (Stream.TREE_NODES, len(path), *path), [group])[0] for group, path in paths]
+        return [
+            sample_generators(seed, step, (Stream.TREE_NODES, len(path), *path), [group])[0] for group, path in paths
+        ]
 
     node_generators = generators()
     node_conditions = conditions if roots == 1 else {k: v[owner] for k, v in conditions.items()}
@@ -72,18 +79,48 @@ def sample_trees(backbone: DenoisingBackbone, sampler: Sampler, conditions: dict
         levels.append(x)
         parents.append(parent)
         if transition.log_prob is None:
-            raise ValueError(f"tree rollouts branch with a stochastic sampler: {type(sampler).__name__} gave no log-prob")
+            raise ValueError(
+                f"tree rollouts branch with a stochastic sampler: {type(sampler).__name__} gave no log-prob"
+            )
         log_probs.append(transition.log_prob)
 
-    # Follow each leaf up the tree: its node at every level.
-    leaves = levels[-1].shape[0]
-    chain = [torch.arange(leaves)]
+    states, leaf_log_probs, ancestors = _leaf_paths(levels, parents, log_probs)
+    return TreeTrajectories(states, leaf_log_probs, sigmas, ancestors, forward_rows)
+
+
+def _roots(
+    backbone: DenoisingBackbone,
+    group_ids: list[int],
+    seed: int,
+    step: int,
+    roots: int,
+) -> tuple[torch.Tensor, list[tuple[int, tuple[int, ...]]]]:
+    """The trees' initial noise, and each root's path: ``(group, child indices so far)``, the root's index first
+    when a group has several."""
+    if roots == 1:
+        return backbone.sample_noise(sample_generators(seed, step, Stream.INITIAL_NOISE, group_ids)), [
+            (g, ()) for g in group_ids
+        ]
+    paths: list[tuple[int, tuple[int, ...]]] = [(g, (r,)) for g in group_ids for r in range(roots)]
+    return backbone.sample_noise(
+        [sample_generators(seed, step, (Stream.INITIAL_NOISE, path[0]), [g])[0] for g, path in paths]
+    ), paths
+
+
+def _leaf_paths(
+    levels: list[torch.Tensor],
+    parents: list[torch.Tensor],
+    log_probs: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Follow each leaf up the tree: its states ``[B, S+1, ...]``, transition log-probs ``[B, S]`` and node at
+    every level ``[B, S+1]``."""
+    chain = [torch.arange(levels[-1].shape[0])]
     for parent in reversed(parents):
         chain.append(parent[chain[-1]])
     ancestors = torch.stack(chain[::-1], dim=1)  # [B, S+1]
-    states = torch.stack([levels[i][ancestors[:, i]] for i in range(num_steps + 1)], dim=1)
-    leaf_log_probs = torch.stack([log_probs[i][ancestors[:, i + 1]] for i in range(num_steps)], dim=1)
-    return TreeTrajectories(states, leaf_log_probs, sigmas, ancestors, forward_rows)
+    states = torch.stack([level[ancestors[:, i]] for i, level in enumerate(levels)], dim=1)
+    leaf_log_probs = torch.stack([step[ancestors[:, i + 1]] for i, step in enumerate(log_probs)], dim=1)
+    return states, leaf_log_probs, ancestors
 
 
 def subtree_values(leaf_values: torch.Tensor, nodes: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -95,6 +132,8 @@ def subtree_values(leaf_values: torch.Tensor, nodes: torch.Tensor, weights: torc
     weights = torch.ones_like(leaf_values) if weights is None else weights
     _, inverse = torch.unique(nodes, return_inverse=True)
     count = int(inverse.max()) + 1
-    total = torch.zeros(count, dtype=leaf_values.dtype, device=leaf_values.device).index_add_(0, inverse, weights * leaf_values)
+    total = torch.zeros(count, dtype=leaf_values.dtype, device=leaf_values.device).index_add_(
+        0, inverse, weights * leaf_values
+    )
     mass = torch.zeros(count, dtype=leaf_values.dtype, device=leaf_values.device).index_add_(0, inverse, weights)
     return (total / mass.clamp(min=1e-12))[inverse]

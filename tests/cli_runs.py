@@ -9,7 +9,12 @@ from collections.abc import Mapping
 
 def gyremedia(*args: str, timeout: float, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m gyremedia.cli ARGS``; fails the test with the end of its stderr unless it exits 0."""
-    done = subprocess.run([sys.executable, "-m", "gyremedia.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=None if env is None else dict(env))
+    done = subprocess.run(
+        [sys.executable, "-m", "gyremedia.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=None if env is None else dict(env),
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return done

@@ -31,8 +31,10 @@ def train_eager_and_compiled(make: Callable[..., object], out: Path, steps: int,
     graphs = counters["stats"]["unique_graphs"]
     updates, names, modules, last_metrics = [], [], [], []
     for on in (False, True):
-        trainer = Trainer(make(f"run.output_dir={out / f'compile-{on}'}", f"train.steps={steps}", f"train.compile={on}",
-                               *overrides), PluginManager())
+        trainer = Trainer(
+            make(f"run.output_dir={out / f'compile-{on}'}", f"train.steps={steps}", f"train.compile={on}", *overrides),
+            PluginManager(),
+        )
         state = trainer.setup()
         network = state.backbone.trainable_module()
         before = [p.detach().clone() for p in network.parameters()]
@@ -40,10 +42,16 @@ def train_eager_and_compiled(make: Callable[..., object], out: Path, steps: int,
             metrics = trainer.train_step(step)
         last_metrics.append(metrics)
         reference = state.backbone._reference_transformer
-        modules.append([getattr(m, "_compiled_call_impl", None) is not None
-                        for m in (network, reference) if m is not None])
+        modules.append(
+            [getattr(m, "_compiled_call_impl", None) is not None for m in (network, reference) if m is not None]
+        )
         names.append(sorted(state.backbone.trainable_state_dict()))
         updates.append(torch.cat([(p.detach() - b).flatten() for p, b in zip(network.parameters(), before)]))
-    return EagerAndCompiled(eager=updates[0], compiled=updates[1], same_names=names[0] == names[1],
-                            compiled_modules=modules, graphs_ran=counters["stats"]["unique_graphs"] > graphs,
-                            last_metrics=last_metrics)
+    return EagerAndCompiled(
+        eager=updates[0],
+        compiled=updates[1],
+        same_names=names[0] == names[1],
+        compiled_modules=modules,
+        graphs_ran=counters["stats"]["unique_graphs"] > graphs,
+        last_metrics=last_metrics,
+    )

@@ -82,10 +82,18 @@ def tiny_lm(tmp_path_factory) -> Path:
 
     folder = tmp_path_factory.mktemp("tiny_lm")
     tokenizer = build_tokenizer(["0123456789+="])
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
-                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

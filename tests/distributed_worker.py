@@ -33,18 +33,22 @@ class StepRecorder:
         if not self.steps:
             state.backbone.trainable_module().register_forward_pre_hook(self.count, with_kwargs=True)
         rollout = state.rollout
-        self.steps.append({
-            "sample_ids": rollout.sample_ids.tolist(),
-            "group_ids": rollout.group_ids.tolist(),
-            "rewards": rollout.reward.tolist(),
-            "advantages": rollout.advantages.tolist(),
-            "reward_metric": metrics["reward"],
-            "grad_norm": metrics["grad_norm"],  # read from a DTensor, gathered, when the model is sharded
-            # parameters this process holds (its shards when sharded) and those of the whole model
-            "local_parameters": sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-                                    for p in state.backbone.trainable_module().parameters()),
-            "parameters": sum(p.numel() for p in state.backbone.trainable_module().parameters()),
-        })
+        self.steps.append(
+            {
+                "sample_ids": rollout.sample_ids.tolist(),
+                "group_ids": rollout.group_ids.tolist(),
+                "rewards": rollout.reward.tolist(),
+                "advantages": rollout.advantages.tolist(),
+                "reward_metric": metrics["reward"],
+                "grad_norm": metrics["grad_norm"],  # read from a DTensor, gathered, when the model is sharded
+                # parameters this process holds (its shards when sharded) and those of the whole model
+                "local_parameters": sum(
+                    p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                    for p in state.backbone.trainable_module().parameters()
+                ),
+                "parameters": sum(p.numel() for p in state.backbone.trainable_module().parameters()),
+            }
+        )
 
 
 def main(config_path: str, out_dir: str, *overrides: str) -> None:
@@ -54,14 +58,21 @@ def main(config_path: str, out_dir: str, *overrides: str) -> None:
     config = resolve_config(load_config(config_path, [o for o in overrides if o != "--resume"]), pm)
     state = Trainer(config, pm, resume=resume).train()
     # the whole weights: a sharded run's are gathered to the main process for its export
-    weights = [p.detach().flatten() for p in state.backbone.trainable_module().parameters() if not hasattr(p, "to_local")]
+    weights = [
+        p.detach().flatten() for p in state.backbone.trainable_module().parameters() if not hasattr(p, "to_local")
+    ]
     rank = state.accelerator.process_index
     # Metrics whose keys differ between ranks (a reward that failed on one rank logs no components there).
     uneven = {"shared": torch.tensor([float(rank), float("nan")]), f"rank{rank}_only": torch.tensor([rank + 1.0])}
-    record = {"num_processes": state.accelerator.num_processes, "steps": recorder.steps,
-              "forward_rows": recorder.forward_rows, "weights": torch.cat(weights).tolist() if weights else [],
-              "uneven_means": global_nanmeans(state.accelerator, uneven),
-              "compiled_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
+    record = {
+        "num_processes": state.accelerator.num_processes,
+        "steps": recorder.steps,
+        "forward_rows": recorder.forward_rows,
+        "weights": torch.cat(weights).tolist() if weights else [],
+        "uneven_means": global_nanmeans(state.accelerator, uneven),
+        "compiled_graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+    }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(record))
     # leave the process group together, as `gyremedia train` does: a rank exiting inside it can abort
     state.accelerator.wait_for_everyone()

@@ -33,15 +33,27 @@ class DeviceMismatch(RuntimeError):
 
 
 #: Ops a CUDA tensor accepts CPU tensors in (index tensors are moved by the kernel).
-_CPU_ARGS_ALLOWED = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default,
-                     torch.ops.aten._index_put_impl_.default}
+_CPU_ARGS_ALLOWED = {
+    torch.ops.aten.index.Tensor,
+    torch.ops.aten.index_put_.default,
+    torch.ops.aten.index_put.default,
+    torch.ops.aten._index_put_impl_.default,
+}
 
 
 #: Ops that make the host wait for a CUDA device: a value read back, or an output whose size depends on the data.
-_SYNCING = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default, torch.ops.aten._unique.default,
-            torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default, torch.ops.aten.unique_consecutive.default,
-            torch.ops.aten.masked_select.default, torch.ops.aten.equal.default, torch.ops.aten.is_nonzero.default,
-            torch.ops.aten.bincount.default}
+_SYNCING = {
+    torch.ops.aten._local_scalar_dense.default,
+    torch.ops.aten.nonzero.default,
+    torch.ops.aten._unique.default,
+    torch.ops.aten._unique2.default,
+    torch.ops.aten.unique_dim.default,
+    torch.ops.aten.unique_consecutive.default,
+    torch.ops.aten.masked_select.default,
+    torch.ops.aten.equal.default,
+    torch.ops.aten.is_nonzero.default,
+    torch.ops.aten.bincount.default,
+}
 #: The counter of the innermost active :class:`FakeDevice`.
 _syncs: list[Counter] = []
 
@@ -81,9 +93,15 @@ class OnDevice(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor) -> OnDevice:
-        wrapper = torch.Tensor._make_wrapper_subclass(cls, elem.size(), strides=elem.stride(),
-                                                      storage_offset=elem.storage_offset(), dtype=elem.dtype,
-                                                      device=DEVICE, requires_grad=elem.requires_grad)
+        wrapper = torch.Tensor._make_wrapper_subclass(
+            cls,
+            elem.size(),
+            strides=elem.stride(),
+            storage_offset=elem.storage_offset(),
+            dtype=elem.dtype,
+            device=DEVICE,
+            requires_grad=elem.requires_grad,
+        )
         wrapper.elem = elem
         return wrapper
 
@@ -101,8 +119,10 @@ def _run(func, args: tuple, kwargs: dict) -> Any:
     on_device = [t for t in flat if isinstance(t, OnDevice)]
     elsewhere = [t for t in flat if isinstance(t, torch.Tensor) and not isinstance(t, OnDevice) and t.dim() > 0]
     if on_device and elsewhere and func not in _CPU_ARGS_ALLOWED:
-        raise DeviceMismatch(f"{func}: tensors on {DEVICE} (the accelerator) and on "
-                             f"{sorted({t.device.type for t in elsewhere})}, shapes {[tuple(t.shape) for t in elsewhere]}")
+        raise DeviceMismatch(
+            f"{func}: tensors on {DEVICE} (the accelerator) and on "
+            f"{sorted({t.device.type for t in elsewhere})}, shapes {[tuple(t.shape) for t in elsewhere]}"
+        )
     device = kwargs.get("device")
     _count_sync(func, args, kwargs)
     if device is not None:

@@ -25,8 +25,11 @@ class FailsAtStep:
         if len(prompts) != self.batch:  # an evaluation
             return scores
         self.calls += 1
-        if self.calls == self.step + 1 and torch.distributed.is_initialized() == (self.rank > 0) and (
-                not torch.distributed.is_initialized() or torch.distributed.get_rank() == self.rank):
+        if (
+            self.calls == self.step + 1
+            and torch.distributed.is_initialized() == (self.rank > 0)
+            and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == self.rank)
+        ):
             if self.how == "raise":
                 raise ConnectionError("judge unreachable")
             scores[0] = float("nan")

@@ -29,8 +29,9 @@ def test_global_and_no_std():
     rewards, groups = torch.tensor([0.0, 2.0, 10.0, 14.0]), torch.tensor([0, 0, 1, 1])
     torch.testing.assert_close(group_advantages(rewards, groups, std="none"), torch.tensor([-1.0, 1.0, -2.0, 2.0]))
     scale = rewards.std(unbiased=False).item() + 1e-4
-    torch.testing.assert_close(group_advantages(rewards, groups, std="global"),
-                               torch.tensor([-1.0, 1.0, -2.0, 2.0]) / scale)
+    torch.testing.assert_close(
+        group_advantages(rewards, groups, std="global"), torch.tensor([-1.0, 1.0, -2.0, 2.0]) / scale
+    )
     with pytest.raises(ValueError, match="expected group, global or none"):
         group_advantages(rewards, groups, std="rank")
 
@@ -40,8 +41,9 @@ def test_distributed_matches_plain_on_one_process_with_any_sample_order():
     torch.manual_seed(1)
     rewards, groups = torch.randn(8), torch.arange(8) // 4
     order = torch.tensor([5, 2, 7, 0, 1, 6, 3, 4])
-    local, gathered, _ = distributed_group_advantages(accelerator, rewards[order, None], torch.ones(1),
-                                                      groups[order], order)
+    local, gathered, _ = distributed_group_advantages(
+        accelerator, rewards[order, None], torch.ones(1), groups[order], order
+    )
     torch.testing.assert_close(local, group_advantages(rewards, groups)[order])
     torch.testing.assert_close(gathered, rewards)  # every rank's rewards, ordered by sample id
 
@@ -67,7 +69,9 @@ def test_normalize_each_lets_a_small_scale_reward_count():
     summed = combined_advantages(rewards, weights, groups, "sum")
     each = combined_advantages(rewards, weights, groups, "normalize_each")
     assert summed[1] > 0.99  # the large reward decides alone
-    torch.testing.assert_close(each, weights[0] * group_advantages(a, groups) + weights[1] * group_advantages(b, groups))
+    torch.testing.assert_close(
+        each, weights[0] * group_advantages(a, groups) + weights[1] * group_advantages(b, groups)
+    )
     assert each[0] > 0.99 and each[1] < -0.99  # B's weight 2 now wins
     rewards[0, 1] = float("nan")  # a NaN in any reward drops the sample from all of them
     assert combined_advantages(rewards, weights, groups, "normalize_each")[0] == 0
@@ -79,7 +83,7 @@ def test_prompt_stat_tracker_uses_the_batch_until_a_prompt_has_enough_history():
     tracker = PromptStatTracker(history=4, min_count=3, eps=0.0)
     # step 1: two rewards of each prompt, fewer than min_count -> the batch's mean 2.5 and std sqrt(1.25)
     first = tracker(torch.tensor([1.0, 2.0, 3.0, 4.0]), ["a", "a", "b", "b"])
-    torch.testing.assert_close(first, (torch.tensor([1.0, 2.0, 3.0, 4.0]) - 2.5) / 1.25 ** 0.5)
+    torch.testing.assert_close(first, (torch.tensor([1.0, 2.0, 3.0, 4.0]) - 2.5) / 1.25**0.5)
     # step 2: "a" now has [1, 2, 5, 7] (4 >= 3 rewards) -> its own mean and std
     second = tracker(torch.tensor([5.0, 7.0, float("nan"), 0.0]), ["a", "a", "c", "c"])
     history = torch.tensor([1.0, 2.0, 5.0, 7.0])

@@ -58,7 +58,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         state[node] = 2
@@ -90,21 +90,29 @@ def test_the_loop_reads_in_one_sitting():
 
 
 def test_no_core_function_is_longer_than_sixty_lines():
-    long = [f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-            for path in core_files() for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60]
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in core_files()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60
+    ]
     assert not long, long
 
 
 def test_the_core_imports_no_plugin_and_the_loop_names_no_feature():
-    imported = {alias.name if isinstance(node, ast.Import) else node.module or ""
-                for path in core_files() for node in ast.walk(ast.parse(path.read_text()))
-                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    imported = {
+        alias.name if isinstance(node, ast.Import) else node.module or ""
+        for path in core_files()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
     assert "gyremedia.stages.update" in imported
     assert not [name for name in imported if name.startswith("gyremedia_")]  # first-party plugins included
     trainer = (PACKAGE / "trainer.py").read_text().split('"""', 2)[2]  # its docstring lists them for the reader
-    assert not [word for word in ("candidate", "pareto", "preference", "history", "monitor", "keep_forwards")
-                if word in trainer]
+    assert not [
+        word for word in ("candidate", "pareto", "preference", "history", "monitor", "keep_forwards") if word in trainer
+    ]
 
 
 def test_every_feature_is_a_plugin_registered_as_a_third_partys():

@@ -35,13 +35,16 @@ def test_a_damaged_latest_checkpoint_is_skipped_and_the_previous_one_resumes(mak
     pm = PluginManager()
     with caplog.at_level(logging.INFO, logger="gyremedia"):
         state = Trainer(run_config(run, ["train.steps=5"], pm), pm, resume=True).train()
-    assert f"damaged checkpoint {latest} (" in caplog.text and f"moved aside to {latest.parent / 'damaged'}" in caplog.text
+    assert (
+        f"damaged checkpoint {latest} (" in caplog.text and f"moved aside to {latest.parent / 'damaged'}" in caplog.text
+    )
     assert "resumed from" in caplog.text and "step-000002 at step 2" in caplog.text
     assert state.step == 5
 
 
-def test_a_full_disk_stops_the_run_naming_the_folder_and_leaves_nothing_half_written(make_config, tmp_path,
-                                                                                      monkeypatch):
+def test_a_full_disk_stops_the_run_naming_the_folder_and_leaves_nothing_half_written(
+    make_config, tmp_path, monkeypatch
+):
     real_write = checkpoint._write
 
     def disk_full_at_step_4(path, data):
@@ -53,9 +56,11 @@ def test_a_full_disk_stops_the_run_naming_the_folder_and_leaves_nothing_half_wri
     with pytest.raises(CheckpointError) as info:
         train(make_config, "train.steps=4")
     root = tmp_path / "run" / "checkpoints"
-    assert str(info.value) == (f"could not write checkpoint step-000004 in {root} (OSError: No space left on device): "
-                               "free disk space or fix the folder's permissions (run.output_dir); the previous "
-                               "checkpoints are intact")
+    assert str(info.value) == (
+        f"could not write checkpoint step-000004 in {root} (OSError: No space left on device): "
+        "free disk space or fix the folder's permissions (run.output_dir); the previous "
+        "checkpoints are intact"
+    )
     assert [p.name for p in root.iterdir()] == ["step-000002"]  # no temporary folder left for --resume to trip on
     assert checkpoint.latest_checkpoint(tmp_path / "run") == root / "step-000002"
 
@@ -63,18 +68,23 @@ def test_a_full_disk_stops_the_run_naming_the_folder_and_leaves_nothing_half_wri
 def test_the_per_prompt_reward_history_resumes_with_the_run(make_config, tmp_path):
     trainer = Trainer(make_config("advantage.history=8", "advantage.min_count=4", "train.steps=2"), PluginManager())
     state = trainer.train()
-    assert state.step == 2 and sum(len(b) for b in state.stateful["advantage"].buffers.values()) == 16  # 2 steps x 8 samples
+    assert (
+        state.step == 2 and sum(len(b) for b in state.stateful["advantage"].buffers.values()) == 16
+    )  # 2 steps x 8 samples
     pm = PluginManager()
     resumed = Trainer(run_config(tmp_path / "run", ["train.steps=3"], pm), pm, resume=True)
     resumed.setup()
     assert resumed.state.stateful["advantage"].buffers == state.stateful["advantage"].buffers
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["advantage.history=8", "advantage.combine=normalize_each"], "use advantage.combine=sum"),
-    (["advantage.history=8", "advantage.std=global"], "use advantage.std=group or none"),
-    (["advantage.history=8", "advantage.min_count=16"], "set advantage.min_count to at most 8"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["advantage.history=8", "advantage.combine=normalize_each"], "use advantage.combine=sum"),
+        (["advantage.history=8", "advantage.std=global"], "use advantage.std=group or none"),
+        (["advantage.history=8", "advantage.min_count=16"], "set advantage.min_count to at most 8"),
+    ],
+)
 def test_bad_reward_history_settings_fail_at_config_time(make_config, overrides, message):
     with pytest.raises(ConfigError, match=message):
         make_config(*overrides)
@@ -82,7 +92,9 @@ def test_bad_reward_history_settings_fail_at_config_time(make_config, overrides,
 
 def resume(run, *overrides, override_resumed=()):
     pm = PluginManager()
-    return Trainer(run_config(run, list(overrides), pm), pm, resume=True, override_resumed=list(override_resumed)).train()
+    return Trainer(
+        run_config(run, list(overrides), pm), pm, resume=True, override_resumed=list(override_resumed)
+    ).train()
 
 
 def test_pruning_keeps_the_good_checkpoints_and_sets_a_damaged_one_aside(make_config, tmp_path):
@@ -160,6 +172,7 @@ def test_a_checkpoint_written_before_plain_rng_states_still_resumes_exactly(make
     expected = np.random.random(3)
     torch.save(state, rng_file)
     import json
+
     manifest = json.loads((rng_file.parent / checkpoint.MANIFEST).read_text())
     manifest[rng_file.name] = rng_file.stat().st_size
     (rng_file.parent / checkpoint.MANIFEST).write_text(json.dumps(manifest))
@@ -180,14 +193,21 @@ def test_a_component_state_that_is_not_plain_values_fails_the_save_naming_it(mak
 def test_changed_settings_are_refused_on_resume_unless_overridden_and_then_apply(make_config, tmp_path):
     run = tmp_path / "run"
     train(make_config, "train.steps=2")
-    with pytest.raises(ConfigError, match=r"^train.learning_rate=1e-09 differs from the 0.001 the run was trained with "
-                                          r".*step-000002\): .* add --override-resumed train.learning_rate$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^train.learning_rate=1e-09 differs from the 0.001 the run was trained with "
+        r".*step-000002\): .* add --override-resumed train.learning_rate$",
+    ):
         resume(run, "train.steps=3", "train.learning_rate=1e-9")
     # the keys that may change: run length, evaluation, logging, checkpoint cadence
     assert resume(run, "train.steps=3", "eval.samples=4", "checkpoint.keep_last=5", "logging.progress=true").step == 3
     pm = PluginManager()
-    trainer = Trainer(run_config(run, ["train.steps=4", "train.learning_rate=1e-9", "train.weight_decay=0.5"], pm), pm,
-                      resume=True, override_resumed=["train"])
+    trainer = Trainer(
+        run_config(run, ["train.steps=4", "train.learning_rate=1e-9", "train.weight_decay=0.5"], pm),
+        pm,
+        resume=True,
+        override_resumed=["train"],
+    )
     state = trainer.setup()
     assert state.step == 3
     group = state.optimizer.param_groups[0]
@@ -204,6 +224,7 @@ def test_a_cut_off_metrics_line_is_skipped_on_resume(make_config, tmp_path, capl
         assert resume(run, "train.steps=3").step == 3
     assert "line 4 is not a whole JSON record" in caplog.text
     import json
+
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 1, 2, 3]
 
 
@@ -228,7 +249,10 @@ def test_a_cut_off_config_yaml_gives_way_to_the_checkpoints_copy(make_config, tm
     config.write_text(config.read_text()[:200])  # written by a version that did not write it whole
     with caplog.at_level(logging.WARNING, logger="gyremedia"):
         assert resume(run, "train.steps=3").step == 3
-    assert f"{config} does not parse (ScannerError): using the copy in {run / 'checkpoints' / 'step-000002'}" in caplog.text
+    assert (
+        f"{config} does not parse (ScannerError): using the copy in {run / 'checkpoints' / 'step-000002'}"
+        in caplog.text
+    )
     assert config.read_text() == (run / "checkpoints" / "step-000003" / "config.yaml").read_text()  # whole again
 
 
@@ -245,7 +269,9 @@ def test_a_run_written_before_an_option_existed_resumes_and_a_new_section_is_sti
     del manifest[checkpoint.CONFIG]
     (latest / checkpoint.MANIFEST).write_text(json.dumps(manifest))
     config = run / "config.yaml"
-    config.write_text("".join(line for line in config.read_text().splitlines(keepends=True) if "max_dropped" not in line))
+    config.write_text(
+        "".join(line for line in config.read_text().splitlines(keepends=True) if "max_dropped" not in line)
+    )
     with pytest.raises(ConfigError, match=r"rewards.1.name=.clip_score. differs from the .\(unset\)."):
         resume(run, "train.steps=3", "rewards=[jpeg_compressibility, clip_score]")
     assert resume(run, "train.steps=3").step == 3
@@ -275,8 +301,10 @@ def test_rng_files_pickled_under_numpy_1_still_load(tmp_path):
     import numpy as np
     import torch
 
-    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-               tmp_path / "new.pt")
+    torch.save(
+        {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+        tmp_path / "new.pt",
+    )
     with zipfile.ZipFile(tmp_path / "new.pt") as source, zipfile.ZipFile(tmp_path / "old.pt", "w") as target:
         for item in source.infolist():
             data = source.read(item.filename)

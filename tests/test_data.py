@@ -16,8 +16,10 @@ from gyremedia.data import Prompt, read_dataset, read_prompts
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
-RECORDS = [{"prompt": "a red circle", "tag": "single", "include": [{"class": "circle", "count": 1}]},
-           {"prompt": "two blue squares", "tag": "counting", "include": [{"class": "square", "count": 2}]}]
+RECORDS = [
+    {"prompt": "a red circle", "tag": "single", "include": [{"class": "circle", "count": 1}]},
+    {"prompt": "two blue squares", "tag": "counting", "include": [{"class": "square", "count": 2}]},
+]
 
 
 def write(folder, suffix: str, records: list[dict]):
@@ -66,8 +68,9 @@ def test_a_prompt_is_a_string_that_keeps_its_fields_through_pickle():
 def test_a_saved_dataset_loads_by_split_and_column(tmp_path):
     datasets = pytest.importorskip("datasets")
     rows = [{"question": r["prompt"], "tag": r["tag"]} for r in RECORDS]
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:1]),
-                          "test": datasets.Dataset.from_list(rows[1:])}).save_to_disk(tmp_path / "set")
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows[:1]), "test": datasets.Dataset.from_list(rows[1:])}
+    ).save_to_disk(tmp_path / "set")
     prompts = read_dataset(str(tmp_path / "set"), "test", "question")
     assert prompts == ["two blue squares"] and dict(prompts[0].fields) == {"tag": "counting"}
 
@@ -102,8 +105,15 @@ def test_a_reward_sees_the_records_fields_in_training_and_in_evaluation(make_con
     pm = PluginManager(extra_plugins=[Plugin()])
     path = write(tmp_path, ".jsonl", RECORDS)
     FieldReader.seen = []
-    config = make_config(f"data.prompts_file={path}", "data.prompts=[]", "rewards=[field_reader]",
-                         f"eval.prompts_file={path}", "eval.samples=4", "train.steps=1", plugins=pm)
+    config = make_config(
+        f"data.prompts_file={path}",
+        "data.prompts=[]",
+        "rewards=[field_reader]",
+        f"eval.prompts_file={path}",
+        "eval.samples=4",
+        "train.steps=1",
+        plugins=pm,
+    )
     Trainer(config, pm).train()
     tags = {seen["tag"] for seen in FieldReader.seen}
     assert tags == {"single", "counting"} and len(FieldReader.seen) > 8  # training's 8 samples and evaluations
@@ -112,7 +122,14 @@ def test_a_reward_sees_the_records_fields_in_training_and_in_evaluation(make_con
 def test_a_run_keyed_by_its_prompt_records_checkpoints(make_config, tmp_path):
     """Per-prompt reward history (DDPO's stat tracker) is keyed by the prompts: records are saved as their text."""
     path = write(tmp_path, ".jsonl", RECORDS)
-    config = make_config(f"data.prompts_file={path}", "data.prompts=[]", "advantage.history=4", "advantage.min_count=2", "train.steps=2",
-                         "checkpoint.every=1", "eval.samples=4")
+    config = make_config(
+        f"data.prompts_file={path}",
+        "data.prompts=[]",
+        "advantage.history=4",
+        "advantage.min_count=2",
+        "train.steps=2",
+        "checkpoint.every=1",
+        "eval.samples=4",
+    )
     state = Trainer(config, PluginManager()).train()
     assert state.step == 2 and (tmp_path / "run" / "checkpoints").is_dir()

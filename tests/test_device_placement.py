@@ -54,20 +54,30 @@ def test_group_advantages_stay_on_the_rewards_device():
 
 
 RUNS = {
-    "grpo+flow_sde+gaussian_kl": ["objective={name: grpo, clip_range: 0.01, kl_beta: 0.1, timestep_fraction: 0.7}",
-                                  "regularizers=[velocity_norm_hinge]"],
+    "grpo+flow_sde+gaussian_kl": [
+        "objective={name: grpo, clip_range: 0.01, kl_beta: 0.1, timestep_fraction: 0.7}",
+        "regularizers=[velocity_norm_hinge]",
+    ],
     "nft+ode+velocity_kl": ["objective={name: nft, kl_beta: 0.1}", "sampler={name: ode}"],
     "awm+heun+ghuber": ["objective={name: awm}", "sampler={name: heun}", "weighting={name: ghuber}"],
     "vgrpo+dance_sde": ["objective={name: vgrpo}", "sampler={name: dance_sde}"],
     "pairwise+cps+dynamic": ["objective={name: pairwise}", "sampler={name: cps}", "weighting={name: dynamic}"],
     "window": ["sampler={name: window, size: 2, schedule: random}"],
     "encoders-on-cpu": ["backbone.text_encoders_on_cpu=true", "backbone.vae_slicing=true"],
-    "tree_grpo": ["objective={name: tree_grpo, clip_range: 0.01, aggregate: logprob, normalize_depth: true, "
-                  "dedup: true, width: 1}", "rollout.branch_steps=[0, 1]"],
-    "pareto+monitor+async": ["rewards=[jpeg_compressibility, {name: jpeg_compressibility_2, on_failure: drop}]",
-                             "pareto.enabled=true", "backbone.preference_inputs=2", "advantage.combine=normalize_each",
-                             "monitor={drift: true, gold: [jpeg_compressibility]}", "rollout.async_scoring=true",
-                             "train.num_minibatches=2"],
+    "tree_grpo": [
+        "objective={name: tree_grpo, clip_range: 0.01, aggregate: logprob, normalize_depth: true, "
+        "dedup: true, width: 1}",
+        "rollout.branch_steps=[0, 1]",
+    ],
+    "pareto+monitor+async": [
+        "rewards=[jpeg_compressibility, {name: jpeg_compressibility_2, on_failure: drop}]",
+        "pareto.enabled=true",
+        "backbone.preference_inputs=2",
+        "advantage.combine=normalize_each",
+        "monitor={drift: true, gold: [jpeg_compressibility]}",
+        "rollout.async_scoring=true",
+        "train.num_minibatches=2",
+    ],
 }
 
 
@@ -113,19 +123,27 @@ def waits_per_update(config: ResolvedConfig) -> list[Counter]:
     return waits
 
 
-TREE_GRPO = ("tree_grpo, aggregate: logprob, normalize_depth: true, dedup: true, width: 1, skip_zero_advantage: true",
-             "rollout.branch_steps=[0, 1]", "rollout.group_size=4")
+TREE_GRPO = (
+    "tree_grpo, aggregate: logprob, normalize_depth: true, dedup: true, width: 1, skip_zero_advantage: true",
+    "rollout.branch_steps=[0, 1]",
+    "rollout.group_size=4",
+)
 
 
-@pytest.mark.parametrize("objective,few,many,overrides", [
-    ("grpo", "timestep_fraction: 0.5", "timestep_fraction: 1.0", ()),
-    ("grpo", "timestep_fraction: 0.5", "timestep_fraction: 1.0", ("train.reuse_rollout_forward=true",)),
-    ("nft", "timesteps: 1", "timesteps: 4", ()),
-    ("pairwise", "timesteps: 1", "timesteps: 4", ()),
-    (TREE_GRPO[0], "timestep_fraction: 0.5", "timestep_fraction: 1.0", TREE_GRPO[1:])],
-    ids=["grpo", "grpo+reuse", "nft", "pairwise", "tree_grpo"])
-def test_an_update_waits_for_the_accelerator_a_fixed_number_of_times_however_many_micro_steps(make_config, objective,
-                                                                                               few, many, overrides):
+@pytest.mark.parametrize(
+    "objective,few,many,overrides",
+    [
+        ("grpo", "timestep_fraction: 0.5", "timestep_fraction: 1.0", ()),
+        ("grpo", "timestep_fraction: 0.5", "timestep_fraction: 1.0", ("train.reuse_rollout_forward=true",)),
+        ("nft", "timesteps: 1", "timesteps: 4", ()),
+        ("pairwise", "timesteps: 1", "timesteps: 4", ()),
+        (TREE_GRPO[0], "timestep_fraction: 0.5", "timestep_fraction: 1.0", TREE_GRPO[1:]),
+    ],
+    ids=["grpo", "grpo+reuse", "nft", "pairwise", "tree_grpo"],
+)
+def test_an_update_waits_for_the_accelerator_a_fixed_number_of_times_however_many_micro_steps(
+    make_config, objective, few, many, overrides
+):
     """A value read back (float(), .item(), bool()), a copy between host and device, or an output sized by the
     data makes the host wait until the accelerator has run all that is queued, so it cannot queue the next
     kernels meanwhile. The loss terms and the gradient norm are read once per optimizer step, together, the
@@ -134,8 +152,14 @@ def test_an_update_waits_for_the_accelerator_a_fixed_number_of_times_however_man
     sampler = "flow_sde" if "grpo" in objective else "ode"  # the forward-process objectives re-noise any sample
 
     def waits(settings: str) -> list[Counter]:
-        return waits_per_update(make_config(f"objective={{name: {objective}, {settings}}}", f"sampler.name={sampler}",
-                                            "rollout.num_steps=4", *overrides))
+        return waits_per_update(
+            make_config(
+                f"objective={{name: {objective}, {settings}}}",
+                f"sampler.name={sampler}",
+                "rollout.num_steps=4",
+                *overrides,
+            )
+        )
 
     few_waits, many_waits = waits(few), waits(many)
     assert few_waits == many_waits and sum(many_waits[0].values()) <= 6, (few_waits, many_waits)
@@ -163,8 +187,13 @@ def test_host_and_device_copies_are_exact_and_made_at_once():
 def test_the_world_model_trains_on_an_accelerator(tmp_path, plugin_manager):
     from plugins.test_world import world_config
 
-    config = world_config(tmp_path, "objective={name: nft, kl_beta: 0.1}", "sampler.name=ode",
-                          "rewards=[inverse_dynamics, world_fidelity]", "advantage.combine=normalize_each")
+    config = world_config(
+        tmp_path,
+        "objective={name: nft, kl_beta: 0.1}",
+        "sampler.name=ode",
+        "rewards=[inverse_dynamics, world_fidelity]",
+        "advantage.combine=normalize_each",
+    )
     with FakeDevice():
         state = Trainer(config, plugin_manager, accelerator=FakeDeviceAccelerator(cpu=True)).train()
     assert state.last_metrics["step"] == 2

@@ -21,9 +21,24 @@ def run_worker(tiny_yaml, out: Path, processes: int, extra: tuple[str, ...] = ()
     if processes == 1:
         command = [sys.executable, str(WORKER), str(tiny_yaml), str(out), *overrides]
     else:
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
-                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                   str(WORKER), str(tiny_yaml), str(out), *overrides]
+        command = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(processes),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            str(WORKER),
+            str(tiny_yaml),
+            str(out),
+            *overrides,
+        ]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -51,8 +66,12 @@ def test_two_processes_match_one_process(single_and_ddp):
     assert first[0]["group_ids"][-2:] == [1, 1] and first[1]["group_ids"][:2] == [1, 1]  # a split group
 
     # Same samples, same rewards, same advantages: the split group is normalised over both ranks.
-    torch.testing.assert_close(torch.tensor(first[0]["rewards"] + first[1]["rewards"]),
-                               torch.tensor(single["steps"][0]["rewards"]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor(first[0]["rewards"] + first[1]["rewards"]),
+        torch.tensor(single["steps"][0]["rewards"]),
+        rtol=0,
+        atol=1e-6,
+    )
     advantages = torch.tensor(first[0]["advantages"] + first[1]["advantages"])
     torch.testing.assert_close(advantages, torch.tensor(single["steps"][0]["advantages"]), rtol=0, atol=1e-5)
     assert abs(advantages[4:8].mean().item()) < 1e-5 and advantages[4:8].abs().sum() > 0
@@ -80,8 +99,12 @@ def test_fsdp2_shards_the_model_and_trains_as_ddp(single_and_ddp, tiny_yaml, tmp
         advantages = torch.tensor(ranks[0]["steps"][step]["advantages"] + ranks[1]["steps"][step]["advantages"])
         expected = torch.tensor(ddp[0]["steps"][step]["advantages"] + ddp[1]["steps"][step]["advantages"])
         torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-6)
-    torch.testing.assert_close(torch.tensor(ranks[0]["steps"][0]["advantages"] + ranks[1]["steps"][0]["advantages"]),
-                               torch.tensor(single["steps"][0]["advantages"]), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(ranks[0]["steps"][0]["advantages"] + ranks[1]["steps"][0]["advantages"]),
+        torch.tensor(single["steps"][0]["advantages"]),
+        rtol=0,
+        atol=1e-5,
+    )
     # the whole model's gradient norm, each rank's shards' norms combined, as DDP's replicas compute it
     sharded_norms, ddp_norms = ([step["grad_norm"] for step in run[0]["steps"]] for run in (ranks, ddp))
     assert sharded_norms[0] > 0
@@ -91,18 +114,30 @@ def test_fsdp2_shards_the_model_and_trains_as_ddp(single_and_ddp, tiny_yaml, tmp
     assert ranks[1]["weights"] == []  # the other process never holds the whole model
 
     # interrupted after step 2, resumed: the sharded optimizer state comes back whole
-    first = run_worker(tiny_yaml, tmp_path / "part", 2, (*sharded, "train.steps=2", "checkpoint.every=1",
-                                                         f"run.output_dir={tmp_path / 'resumed'}"))
+    first = run_worker(
+        tiny_yaml,
+        tmp_path / "part",
+        2,
+        (*sharded, "train.steps=2", "checkpoint.every=1", f"run.output_dir={tmp_path / 'resumed'}"),
+    )
     assert len(first[0]["steps"]) == 2
-    resumed = run_worker(tiny_yaml, tmp_path / "rest", 2, (*sharded, "--resume", f"run.output_dir={tmp_path / 'resumed'}"))
+    resumed = run_worker(
+        tiny_yaml, tmp_path / "rest", 2, (*sharded, "--resume", f"run.output_dir={tmp_path / 'resumed'}")
+    )
     assert len(resumed[0]["steps"]) == 1
     torch.testing.assert_close(torch.tensor(resumed[0]["weights"]), gathered, rtol=0, atol=0)
 
-    script = ("import sys, torch; from diffusers import StableDiffusion3Pipeline; "
-              "pipe = StableDiffusion3Pipeline.from_pretrained(sys.argv[1]); "
-              "print(sum(p.numel() for p in pipe.transformer.parameters()))")
-    loaded = subprocess.run([sys.executable, "-c", script, str(tmp_path / "fsdp" / "run" / "pipeline")],
-                            capture_output=True, text=True, timeout=300)
+    script = (
+        "import sys, torch; from diffusers import StableDiffusion3Pipeline; "
+        "pipe = StableDiffusion3Pipeline.from_pretrained(sys.argv[1]); "
+        "print(sum(p.numel() for p in pipe.transformer.parameters()))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "fsdp" / "run" / "pipeline")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert int(loaded.stdout.split()[-1]) == ranks[0]["steps"][0]["parameters"]
 
@@ -122,8 +157,9 @@ def test_reused_rollout_forwards_on_two_processes_train_as_ddp(single_and_ddp, t
         for rank, replayed in zip(ranks, expected):
             assert replayed["forward_rows"] - rank["forward_rows"] == 2 * 3 * 6 // minibatches
         assert ranks[0]["weights"] == ranks[1]["weights"]
-        torch.testing.assert_close(torch.tensor(ranks[0]["weights"]), torch.tensor(expected[0]["weights"]),
-                                   rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            torch.tensor(ranks[0]["weights"]), torch.tensor(expected[0]["weights"]), rtol=0, atol=1e-6
+        )
 
 
 @pytest.mark.slow
@@ -137,11 +173,19 @@ def test_a_compiled_policy_on_two_processes_trains_as_ddp(single_and_ddp, tiny_y
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides", [
-    ("regularizers=[{name: gaussian_kl, weight: 0.1}]",),
-    ("sampler.name=ode", "objective={name: nft, old_policy_decay: 0.5}", "train.num_minibatches=2",
-     "backbone.lora.enabled=true"),
-], ids=["kl-reference", "nft-old-policy-lora"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("regularizers=[{name: gaussian_kl, weight: 0.1}]",),
+        (
+            "sampler.name=ode",
+            "objective={name: nft, old_policy_decay: 0.5}",
+            "train.num_minibatches=2",
+            "backbone.lora.enabled=true",
+        ),
+    ],
+    ids=["kl-reference", "nft-old-policy-lora"],
+)
 def test_a_compiled_sharded_policy_trains_as_the_eager_sharded_one(tiny_yaml, tmp_path, overrides):
     """train.compile under FSDP2: the sharded network (and the KL's sharded reference copy) compiled in place,
     the blocks' all-gathers around the graphs, NFT's old weights copied into the shards: no graph breaks, and
@@ -151,8 +195,9 @@ def test_a_compiled_sharded_policy_trains_as_the_eager_sharded_one(tiny_yaml, tm
     compiled = run_worker(tiny_yaml, tmp_path / "compiled", 2, (*sharded, "train.compile=true"))
     assert [(r["compiled_graphs"] > 0, r["graph_breaks"]) for r in compiled] == [(True, 0), (True, 0)]
     assert [r["compiled_graphs"] for r in eager] == [0, 0]
-    torch.testing.assert_close(torch.tensor(compiled[0]["weights"]), torch.tensor(eager[0]["weights"]),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(compiled[0]["weights"]), torch.tensor(eager[0]["weights"]), rtol=0, atol=1e-5
+    )
 
 
 @pytest.mark.slow
@@ -162,12 +207,17 @@ def test_fsdp2_trains_nft_with_an_old_policy_as_ddp_does(tiny_yaml, tmp_path):
     nft = ("sampler.name=ode", "objective={name: nft, old_policy_decay: 0.5}", "train.num_minibatches=2")
     replicated = run_worker(tiny_yaml, tmp_path / "ddp", 2, nft)
     sharded = run_worker(tiny_yaml, tmp_path / "fsdp", 2, (*nft, "train.sharding=fsdp2", "export.on_train_end=true"))
-    torch.testing.assert_close(torch.tensor(sharded[0]["weights"]), torch.tensor(replicated[0]["weights"]),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor(sharded[0]["weights"]), torch.tensor(replicated[0]["weights"]), rtol=0, atol=1e-6
+    )
 
 
-PARETO_AND_HINGE = ("pareto.enabled=true", "backbone.preference_inputs=2", "rewards=[jpeg_compressibility, shapes_verifier]",
-                    "regularizers=[velocity_norm_hinge]")
+PARETO_AND_HINGE = (
+    "pareto.enabled=true",
+    "backbone.preference_inputs=2",
+    "rewards=[jpeg_compressibility, shapes_verifier]",
+    "regularizers=[velocity_norm_hinge]",
+)
 
 
 @pytest.mark.slow
@@ -187,15 +237,25 @@ def test_pareto_preferences_and_hinge_buckets_on_two_processes(tiny_yaml, tmp_pa
 def test_a_token_policy_on_two_processes_matches_one(llm_yaml, tmp_path):
     """12 completions in groups of 4 over 2 ranks of 6: group 1 spans both. Same completions, rewards and
     advantages as one process (each token's noise depends on its sample's id alone), identical weights."""
-    extra = ("rollout.batch_size=12", "rollout.group_size=4", "train.steps=2", "checkpoint.every=100",
-             "objective.loss_type=dapo", "objective.kl_beta=0.05")
+    extra = (
+        "rollout.batch_size=12",
+        "rollout.group_size=4",
+        "train.steps=2",
+        "checkpoint.every=100",
+        "objective.loss_type=dapo",
+        "objective.kl_beta=0.05",
+    )
     (single,) = run_worker(llm_yaml, tmp_path / "one", 1, extra)
     ranks = run_worker(llm_yaml, tmp_path / "two", 2, extra)
     both = [rank["steps"][0] for rank in ranks]
     assert both[0]["sample_ids"] + both[1]["sample_ids"] == list(range(12))
     assert both[0]["group_ids"][-2:] == [1, 1] and both[1]["group_ids"][:2] == [1, 1]  # a split group
-    torch.testing.assert_close(torch.tensor(both[0]["rewards"] + both[1]["rewards"]),
-                               torch.tensor(single["steps"][0]["rewards"]), rtol=0, atol=0)
+    torch.testing.assert_close(
+        torch.tensor(both[0]["rewards"] + both[1]["rewards"]),
+        torch.tensor(single["steps"][0]["rewards"]),
+        rtol=0,
+        atol=0,
+    )
     advantages = torch.tensor(both[0]["advantages"] + both[1]["advantages"])
     torch.testing.assert_close(advantages, torch.tensor(single["steps"][0]["advantages"]), rtol=0, atol=1e-6)
     assert advantages[4:8].abs().sum() > 0 and abs(advantages[4:8].mean().item()) < 1e-6
@@ -209,11 +269,33 @@ def test_a_reward_failing_on_one_process_stops_every_process_with_the_reward_nam
     from gyremedia.checkpoint import latest_checkpoint, list_checkpoints
 
     run = tmp_path / "run"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               str(WORKER.with_name("reward_failure_worker.py")), "1", "2", "raise", "train", str(tiny_yaml),
-               f"run.output_dir={run}", "rewards=[fails_at_step]", "rollout.batch_size=12", "rollout.group_size=4",
-               "eval.samples=4", "train.steps=4", "checkpoint.every=1"]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(WORKER.with_name("reward_failure_worker.py")),
+        "1",
+        "2",
+        "raise",
+        "train",
+        str(tiny_yaml),
+        f"run.output_dir={run}",
+        "rewards=[fails_at_step]",
+        "rollout.batch_size=12",
+        "rollout.group_size=4",
+        "eval.samples=4",
+        "train.steps=4",
+        "checkpoint.every=1",
+    ]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     start = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)

@@ -14,13 +14,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def snippet(heading: str) -> str:
     text = (ROOT / "docs" / "plugins.md").read_text()
-    section = text[text.index(heading):]
+    section = text[text.index(heading) :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 def test_write_your_own_reward_snippet_trains(make_config, tmp_path):
     code = snippet("## Write your own reward in 10 lines")
-    statements = [line for line in code.splitlines() if line.strip() and not line.lstrip().startswith(("#", "@", "from", "import"))]
+    statements = [
+        line
+        for line in code.splitlines()
+        if line.strip() and not line.lstrip().startswith(("#", "@", "from", "import"))
+    ]
     assert len(statements) <= 10, statements
     path = tmp_path / "my_rewards.py"
     path.write_text(code)

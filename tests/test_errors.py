@@ -24,7 +24,7 @@ def unquote(cell: str) -> str:
     cell = cell.strip()
     for fence in ("`` ", "`"):
         if cell.startswith(fence) and cell.endswith(fence[::-1]):
-            cell = cell[len(fence):-len(fence)]
+            cell = cell[len(fence) : -len(fence)]
             break
     return cell.replace("\\|", "|")
 
@@ -60,7 +60,9 @@ def workdir(tmp_path, monkeypatch):
     old.mkdir(parents=True)
     (old / "trainer_state.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
-    quickstart = resolve_config(load_config(bundled_config(DEFAULT_CONFIG), ["run.output_dir=runs/old"]), PluginManager())
+    quickstart = resolve_config(
+        load_config(bundled_config(DEFAULT_CONFIG), ["run.output_dir=runs/old"]), PluginManager()
+    )
     (old.parents[1] / "config.yaml").write_text(quickstart.to_yaml())
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
@@ -106,7 +108,8 @@ def test_a_reward_that_breaks_the_contract_stops_the_run_with_the_contract(tiny_
     assert main(["train", str(tiny_yaml), "rewards=[colorful]"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "gyremedia: error: reward 'colorful' returned keys ['colorfulness'] without a 'score': a reward returns a "
-        "Tensor[B], or a dict of Tensor[B] holding a 'score' (its other entries are logged as components)")
+        "Tensor[B], or a dict of Tensor[B] holding a 'score' (its other entries are logged as components)"
+    )
 
 
 @pytest.mark.slow
@@ -120,12 +123,34 @@ def test_a_failing_reward_exits_with_the_same_code_every_time(tmp_path):
     codes, lines = [], []
     for attempt in range(5):
         done = subprocess.run(
-            [sys.executable, str(worker), "0", "1", "nan", "train", "quickstart", f"run.output_dir={tmp_path / str(attempt)}",
-             "rewards=[fails_at_step]", "eval.metric=fails_at_step", "rollout.batch_size=16", "rollout.num_steps=4",
-             "eval.prompts_file=null", "data.eval_prompts=[a red circle, a blue square]", "eval.samples=4",
-             "train.steps=3", "logging.progress=false"], capture_output=True, text=True, timeout=300)
+            [
+                sys.executable,
+                str(worker),
+                "0",
+                "1",
+                "nan",
+                "train",
+                "quickstart",
+                f"run.output_dir={tmp_path / str(attempt)}",
+                "rewards=[fails_at_step]",
+                "eval.metric=fails_at_step",
+                "rollout.batch_size=16",
+                "rollout.num_steps=4",
+                "eval.prompts_file=null",
+                "data.eval_prompts=[a red circle, a blue square]",
+                "eval.samples=4",
+                "train.steps=3",
+                "logging.progress=false",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         codes.append(done.returncode)
         lines.append(done.stderr.strip().splitlines()[-1])
     assert codes == [1] * 5, lines
-    assert all(line.startswith("gyremedia: error: reward 'fails_at_step' failed at step 1 on prompt ") and
-               line.endswith("'score' is nan") for line in lines), lines
+    assert all(
+        line.startswith("gyremedia: error: reward 'fails_at_step' failed at step 1 on prompt ")
+        and line.endswith("'score' is nan")
+        for line in lines
+    ), lines

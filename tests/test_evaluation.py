@@ -70,13 +70,21 @@ def test_evaluation_applies_each_rewards_timeout_and_failure_policy_and_counts_w
             return torch.zeros(len(prompts))
 
     media, prompts = Media("image", torch.rand(4, 3, 8, 8)), [f"p{i}" for i in range(4)]
-    drop = [Selected("reward", "half", None, RewardSettings(on_failure="drop")),
-            Selected("reward", "slow", None, RewardSettings(on_failure="drop", timeout=0.2))]
+    drop = [
+        Selected("reward", "half", None, RewardSettings(on_failure="drop")),
+        Selected("reward", "slow", None, RewardSettings(on_failure="drop", timeout=0.2)),
+    ]
     start = time.monotonic()
     scores = score({"half": Half(), "slow": Hangs()}, media, prompts, drop)
     assert time.monotonic() - start < 2  # the timeout applies
     assert scores["half/dropped"].tolist() == [0, 1, 0, 1] and scores["slow/dropped"].tolist() == [1, 1, 1, 1]
     means = EvalResult(prompts, media, scores).means()
-    assert (means["eval/half"], means["eval/half/dropped"], means["eval/slow/dropped"]) == (pytest.approx(0.2), 2.0, 4.0)
-    with pytest.raises(RewardError, match=r"^reward 'half' failed in the step-5 evaluation on prompt 'p1': 'score' is nan"):
+    assert (means["eval/half"], means["eval/half/dropped"], means["eval/slow/dropped"]) == (
+        pytest.approx(0.2),
+        2.0,
+        4.0,
+    )
+    with pytest.raises(
+        RewardError, match=r"^reward 'half' failed in the step-5 evaluation on prompt 'p1': 'score' is nan"
+    ):
         score({"half": Half()}, media, prompts, [], "in the step-5 evaluation")  # fail, the default

@@ -23,8 +23,22 @@ SKIPPED = "example_stage/skipped"
 
 
 def pip_install(target: Path, *packages: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(target), *map(str, packages)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            *map(str, packages),
+        ],
+        check=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +54,9 @@ def gyremedia(site: Path, *args: str, enable: bool = False) -> subprocess.Comple
     env.pop("GYREMEDIA_EXAMPLE_STAGE", None)
     if enable:
         env["GYREMEDIA_EXAMPLE_STAGE"] = "1"
-    return subprocess.run([sys.executable, "-m", "gyremedia.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gyremedia.cli", *args], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def train_rows(run_dir: Path) -> list[dict]:

@@ -39,29 +39,53 @@ def ours(backbone) -> np.ndarray:
     from gyremedia.sampling import sample_trajectories
 
     generators = [torch.Generator().manual_seed(s) for s in SEEDS]
-    states, _, _ = sample_trajectories(backbone, EulerODESampler(), backbone.encode(PROMPTS),
-                                       initial_generators=generators, step_generators=[], num_steps=3,
-                                       guidance_scale=1.0)
+    states, _, _ = sample_trajectories(
+        backbone,
+        EulerODESampler(),
+        backbone.encode(PROMPTS),
+        initial_generators=generators,
+        step_generators=[],
+        num_steps=3,
+        guidance_scale=1.0,
+    )
     return backbone.decode(states[:, -1]).data.numpy()
 
 
 def stock(tmp_path, folder, lora="-") -> np.ndarray:
     out = tmp_path / f"stock-{len(list(tmp_path.iterdir()))}.npy"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    result = subprocess.run([sys.executable, "-c", GENERATE, str(folder), str(lora), str(out), json.dumps(PROMPTS),
-                             json.dumps(SEEDS)], capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", GENERATE, str(folder), str(lora), str(out), json.dumps(PROMPTS), json.dumps(SEEDS)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return np.load(out)
 
 
-@pytest.mark.parametrize("lora,compiled", [(False, False), (True, False),
-                                           pytest.param(True, True, marks=pytest.mark.slow)],
-                         ids=["full", "lora", "lora-compiled"])
+@pytest.mark.parametrize(
+    "lora,compiled",
+    [(False, False), (True, False), pytest.param(True, True, marks=pytest.mark.slow)],
+    ids=["full", "lora", "lora-compiled"],
+)
 def test_exported_pipeline_loads_in_stock_diffusers_and_matches_our_samples(tiny_yaml, tmp_path, lora, compiled):
     """Trained with train.compile too: the export at train end merges the adapters of the compiled network."""
     run = tmp_path / "run"
-    assert main(["train", str(tiny_yaml), f"backbone.lora.enabled={lora}", "train.learning_rate=0.01",
-                 "export.on_train_end=true", f"train.compile={compiled}"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                str(tiny_yaml),
+                f"backbone.lora.enabled={lora}",
+                "train.learning_rate=0.01",
+                "export.on_train_end=true",
+                f"train.compile={compiled}",
+            ]
+        )
+        == 0
+    )
     pm = PluginManager()
     backbone = build_backbone(run_config(run, [], pm), pm)
     base_images = ours(backbone)
@@ -90,7 +114,8 @@ def test_an_export_refuses_a_folder_that_holds_files_and_replaces_it_whole_when_
     (out / "unet_lora").mkdir()  # a stale file another export left
     assert main(["export", str(run), str(out)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"gyremedia: error: {out} is not empty: export into a new folder, or add --overwrite to replace what it holds")
+        f"gyremedia: error: {out} is not empty: export into a new folder, or add --overwrite to replace what it holds"
+    )
     assert main(["export", str(run), str(out), "--overwrite"]) == 0
     assert not (out / "unet_lora").exists() and (out / "model_index.json").is_file()
     assert str(out) in (out / "README.md").read_text()  # names where it is, not the folder it was written in
@@ -122,4 +147,3 @@ def test_a_sigterm_during_the_end_of_run_export_lets_it_finish(make_config, monk
     assert not leaked
     assert "SIGTERM received during the end-of-run export: finishing it" in caplog.text
     assert (state.run_dir / "pipeline" / "model_index.json").is_file()
-

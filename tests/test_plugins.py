@@ -13,8 +13,19 @@ import pytest
 from gyremedia import hookimpl
 from gyremedia.plugins import ALLOW_LIST_ENV, PluginError, PluginManager
 
-FIRST_PARTY = {"flow_matching", "grpo", "tree_grpo", "nft", "awm", "pairwise", "weightings", "samplers", "rewards", "loggers",
-               "regularizers"}
+FIRST_PARTY = {
+    "flow_matching",
+    "grpo",
+    "tree_grpo",
+    "nft",
+    "awm",
+    "pairwise",
+    "weightings",
+    "samplers",
+    "rewards",
+    "loggers",
+    "regularizers",
+}
 
 
 def make_distribution(root, dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
@@ -29,8 +40,9 @@ def make_distribution(root, dist: str, entry_points: dict[str, str], modules: di
 
 
 def test_first_party_plugins_are_discovered_through_entry_points():
-    result = subprocess.run([sys.executable, "-m", "gyremedia.cli", "plugins", "--json"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "gyremedia.cli", "plugins", "--json"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
     by_name = {row["plugin"]: row for row in listing["plugins"]}
@@ -44,14 +56,20 @@ def test_first_party_plugins_are_discovered_through_entry_points():
 
 
 def test_plugins_command_prints_a_table():
-    result = subprocess.run([sys.executable, "-m", "gyremedia.cli", "plugins"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "gyremedia.cli", "plugins"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0
     assert "flow_sde" in result.stdout and "(package gyremedia)" in result.stdout
 
 
 def test_broken_plugin_is_reported_by_package_and_does_not_break_other_runs(tmp_path, monkeypatch):
-    make_distribution(tmp_path, "broken_rewards_pkg", {"broken": "broken_rewards_mod"},
-                      {"broken_rewards_mod": "import a_module_that_does_not_exist\n"})
+    make_distribution(
+        tmp_path,
+        "broken_rewards_pkg",
+        {"broken": "broken_rewards_mod"},
+        {"broken_rewards_mod": "import a_module_that_does_not_exist\n"},
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     pm = PluginManager()
     assert [(f.name, f.distribution) for f in pm.failed] == [("broken", "broken_rewards_pkg")]
@@ -62,7 +80,12 @@ def test_broken_plugin_is_reported_by_package_and_does_not_break_other_runs(tmp_
 
 
 def test_third_party_plugin_registers_like_first_party(tmp_path, monkeypatch):
-    make_distribution(tmp_path, "my_rewards", {"mine": "my_rewards_mod"}, {"my_rewards_mod": """
+    make_distribution(
+        tmp_path,
+        "my_rewards",
+        {"mine": "my_rewards_mod"},
+        {
+            "my_rewards_mod": """
         from dataclasses import dataclass
         from gyremedia import hookimpl
 
@@ -80,7 +103,9 @@ def test_third_party_plugin_registers_like_first_party(tmp_path, monkeypatch):
         @hookimpl
         def gyremedia_register_rewards(register):
             register("brightness", Brightness, options=Options, kinds={"image"})
-    """})
+    """
+        },
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     pm = PluginManager()
     component = pm.component("reward", "brightness")
@@ -97,7 +122,6 @@ def test_allow_list_restricts_which_plugins_load(monkeypatch):
 
 
 class DataChangingModule:
-
     @staticmethod
     @hookimpl
     def gyremedia_process_rewards(state, rollout, rewards):
@@ -111,7 +135,6 @@ def test_module_level_data_changing_hook_is_refused():
 
 def test_duplicate_component_names_are_an_error():
     class Twice:
-
         @staticmethod
         @hookimpl
         def gyremedia_register_samplers(register):
@@ -123,7 +146,6 @@ def test_duplicate_component_names_are_an_error():
 
 def test_options_must_be_a_dataclass():
     class BadOptions:
-
         @staticmethod
         @hookimpl
         def gyremedia_register_rewards(register):
@@ -140,7 +162,6 @@ class _Opts:
 
 def test_describe_lists_registrations_and_lifecycle_hooks():
     class Observer:
-
         @staticmethod
         @hookimpl
         def gyremedia_register_regularizers(register):
@@ -157,11 +178,17 @@ def test_describe_lists_registrations_and_lifecycle_hooks():
     assert row["hooks"] == ["gyremedia_on_step_end"]
 
 
-@pytest.mark.parametrize("kind,hook_name", [
-    ("backbone", "gyremedia_register_backbones"), ("sampler", "gyremedia_register_samplers"),
-    ("objective", "gyremedia_register_objectives"), ("reward", "gyremedia_register_rewards"),
-    ("regularizer", "gyremedia_register_regularizers"), ("logger", "gyremedia_register_loggers"),
-])
+@pytest.mark.parametrize(
+    "kind,hook_name",
+    [
+        ("backbone", "gyremedia_register_backbones"),
+        ("sampler", "gyremedia_register_samplers"),
+        ("objective", "gyremedia_register_objectives"),
+        ("reward", "gyremedia_register_rewards"),
+        ("regularizer", "gyremedia_register_regularizers"),
+        ("logger", "gyremedia_register_loggers"),
+    ],
+)
 def test_each_registration_hook_registers_its_kind(kind, hook_name):
     def register_one(register):
         register(f"my_{kind}", lambda options, context: (kind, options.x), options=_Opts, description="hi")

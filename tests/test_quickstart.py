@@ -31,8 +31,16 @@ def test_quickstart_raises_heldout_accuracy(tmp_path):
     train = gyremedia("train", f"run.output_dir={run}", timeout=1200)
     minutes = (time.monotonic() - start) / 60
     assert minutes <= MAX_MINUTES, f"the run took {minutes:.1f} minutes"
-    for made in ("config.yaml", "metrics.jsonl", "reward_curve.png", "samples/before.png", "samples/after.png",
-                 "pipeline/model_index.json", "pipeline/README.md", f"checkpoints/step-{STEPS:06d}/trainable.safetensors"):
+    for made in (
+        "config.yaml",
+        "metrics.jsonl",
+        "reward_curve.png",
+        "samples/before.png",
+        "samples/after.png",
+        "pipeline/model_index.json",
+        "pipeline/README.md",
+        f"checkpoints/step-{STEPS:06d}/trainable.safetensors",
+    ):
         assert (run / made).is_file(), made
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "eval/shapes_verifier/correct" in m] == EVAL_STEPS
@@ -56,9 +64,11 @@ def test_quickstart_raises_heldout_accuracy(tmp_path):
     last = train.stdout.strip().splitlines()[-7:]
     assert last[0].startswith(f"trained {STEPS} steps in ") and last[0].endswith(f"run folder: {run}")
     base, trained = 100 * report["base"]["accuracy"], 100 * report["trained"]["accuracy"]
-    assert last[1] == (f"held-out shapes_verifier/correct: {base:.1f}% at step 0 -> {trained:.1f}% at step {STEPS}: "
-                       f"{gain['points']:+.1f} points (paired 95% interval {gain['ci95_low']:+.1f} to "
-                       f"{gain['ci95_high']:+.1f}, 256 samples)")
+    assert last[1] == (
+        f"held-out shapes_verifier/correct: {base:.1f}% at step 0 -> {trained:.1f}% at step {STEPS}: "
+        f"{gain['points']:+.1f} points (paired 95% interval {gain['ci95_low']:+.1f} to "
+        f"{gain['ci95_high']:+.1f}, 256 samples)"
+    )
     # the reward's own score (partial credit) too, and the file that holds every score's paired change
     assert last[2].startswith("other held-out scores, trained - base (paired 95% interval): shapes_verifier +")
     assert last[2].endswith(f"all in {run / 'heldout_changes.json'}")
@@ -66,10 +76,12 @@ def test_quickstart_raises_heldout_accuracy(tmp_path):
     assert last[4] == f"plot:    {run / 'reward_curve.png'}" and last[5].startswith(f"export:  {run / 'pipeline'}")
     assert last[6].startswith(f"next:    gyremedia eval {run}")
     # The export is a complete SD3 pipeline: stock diffusers loads it with no other argument, without gyremedia.
-    load = ("import sys; from diffusers import StableDiffusion3Pipeline; "
-            f"pipe = StableDiffusion3Pipeline.from_pretrained({str(run / 'pipeline')!r}); "
-            "assert pipe.text_encoder_3 is not None; "
-            "assert not [m for m in sys.modules if m.startswith('gyremedia')]")
+    load = (
+        "import sys; from diffusers import StableDiffusion3Pipeline; "
+        f"pipe = StableDiffusion3Pipeline.from_pretrained({str(run / 'pipeline')!r}); "
+        "assert pipe.text_encoder_3 is not None; "
+        "assert not [m for m in sys.modules if m.startswith('gyremedia')]"
+    )
     assert subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=300).returncode == 0
 
 
@@ -88,8 +100,15 @@ def test_flow_grpo_quickstart_raises_heldout_accuracy(tmp_path):
     machine.)"""
     run = tmp_path / "grpo"
     one_thread = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    gyremedia("train", "quickstart_grpo", f"run.output_dir={run}", f"train.steps={GRPO_STEPS}",
-              "export.on_train_end=false", timeout=1800, env=one_thread)
+    gyremedia(
+        "train",
+        "quickstart_grpo",
+        f"run.output_dir={run}",
+        f"train.steps={GRPO_STEPS}",
+        "export.on_train_end=false",
+        timeout=1800,
+        env=one_thread,
+    )
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "eval/shapes_verifier/correct" in m] == [0, 50, GRPO_STEPS]
     gain = json.loads((run / "heldout_changes.json").read_text())["shapes_verifier/correct"]

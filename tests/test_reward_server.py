@@ -8,17 +8,19 @@ import pytest
 import torch
 
 from gyremedia.data import Prompt
-from gyremedia.reward_server import (RewardService, WireError, decode_batch, decode_scores, encode_batch,
-                                     encode_scores)
+from gyremedia.reward_server import RewardService, WireError, decode_batch, decode_scores, encode_batch, encode_scores
 from gyremedia.rollout import Media
 
 
-@pytest.mark.parametrize("media", [
-    Media("image", torch.rand(2, 3, 5, 7)),
-    Media("video", torch.rand(2, 4, 3, 5, 5).to(torch.bfloat16), {"fps": 8}),
-    Media("audio", torch.randn(2, 1, 99, dtype=torch.float64), {"sample_rate": 16000, "noise": torch.arange(3)}),
-    Media("text", ["12+3=15", "ünïcode \n and \"quotes\""]),
-])
+@pytest.mark.parametrize(
+    "media",
+    [
+        Media("image", torch.rand(2, 3, 5, 7)),
+        Media("video", torch.rand(2, 4, 3, 5, 5).to(torch.bfloat16), {"fps": 8}),
+        Media("audio", torch.randn(2, 1, 99, dtype=torch.float64), {"sample_rate": 16000, "noise": torch.arange(3)}),
+        Media("text", ["12+3=15", 'ünïcode \n and "quotes"']),
+    ],
+)
 def test_media_and_records_cross_the_wire_exactly(media):
     prompts = [Prompt("two red circles", {"tag": "counting", "include": [{"class": "circle", "count": 2}]}), "plain"]
     received, records = decode_batch(encode_batch(media, prompts))
@@ -28,7 +30,9 @@ def test_media_and_records_cross_the_wire_exactly(media):
     else:  # bit for bit, in its own dtype
         assert received.data.dtype == media.data.dtype and torch.equal(received.data, media.data)
     for key, value in media.meta.items():
-        assert torch.equal(received.meta[key], value) if isinstance(value, torch.Tensor) else received.meta[key] == value
+        assert (
+            torch.equal(received.meta[key], value) if isinstance(value, torch.Tensor) else received.meta[key] == value
+        )
     assert records == prompts and [dict(r.fields) for r in records] == [dict(prompts[0].fields), {}]
     scores = {"score": torch.tensor([0.1, float("nan")]), "correct": torch.tensor([1.0, 0.0])}
     back = decode_scores(encode_scores(scores))
@@ -64,8 +68,9 @@ def test_requests_that_arrive_together_are_scored_together_and_split_back():
     batches = [torch.rand(2, 3, 4, 4), torch.rand(3, 3, 4, 4), torch.rand(2, 3, 4, 4), torch.rand(1, 3, 8, 8)]
 
     async def together():
-        return await asyncio.gather(*(service.score(Media("image", b), ["p" * (i + 1)] * len(b))
-                                      for i, b in enumerate(batches)))
+        return await asyncio.gather(
+            *(service.score(Media("image", b), ["p" * (i + 1)] * len(b)) for i, b in enumerate(batches))
+        )
 
     answers = asyncio.run(together())
     # 2 + 3 fill one call of max_batch 5; the next 2 wait alone; the 8x8 images cannot join 4x4 ones

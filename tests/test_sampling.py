@@ -28,18 +28,32 @@ def test_replayed_log_probs_equal_rollout_log_probs(make_config, sampler_name, d
     prompts = ["a red circle", "a blue square", "a red circle"]
     conditions = backbone.encode(prompts)
     states, log_probs, sigmas = sample_trajectories(
-        backbone, sampler, conditions, initial_generators=sample_generators(0, 0, 0, [0, 1, 2]),
-        step_generators=sample_generators(0, 0, 1, [0, 1, 2]), num_steps=4, guidance_scale=1.0)
+        backbone,
+        sampler,
+        conditions,
+        initial_generators=sample_generators(0, 0, 0, [0, 1, 2]),
+        step_generators=sample_generators(0, 0, 1, [0, 1, 2]),
+        num_steps=4,
+        guidance_scale=1.0,
+    )
     assert states.shape[:2] == (3, 5) and log_probs.shape == (3, 4)
-    rollout = Rollout(prompts=prompts, sample_ids=torch.arange(3), group_ids=torch.zeros(3, dtype=torch.long),
-                      conditions=conditions, states=states, log_probs=log_probs, sigmas=sigmas)
+    rollout = Rollout(
+        prompts=prompts,
+        sample_ids=torch.arange(3),
+        group_ids=torch.zeros(3, dtype=torch.long),
+        conditions=conditions,
+        states=states,
+        log_probs=log_probs,
+        sigmas=sigmas,
+    )
     ctx = ObjectiveContext(backbone=backbone, sampler=sampler, guidance_scale=1.0, step=0)
     for i in range(4):
         transition, _ = replay_transition(ctx, rollout, i)
         assert transition.log_prob.dtype == torch.float32
         # a deterministic step (cps's last) has no density in either: NaN in both
-        torch.testing.assert_close(transition.log_prob, log_probs[:, i], rtol=0, atol=1e-5 if dtype == "float32" else 0,
-                                   equal_nan=True)
+        torch.testing.assert_close(
+            transition.log_prob, log_probs[:, i], rtol=0, atol=1e-5 if dtype == "float32" else 0, equal_nan=True
+        )
 
 
 def test_kept_forwards_give_each_output_once_for_the_rows_and_states_asked():
@@ -61,20 +75,27 @@ def test_kept_forwards_give_each_output_once_for_the_rows_and_states_asked():
 FLOW_SIGMAS = torch.linspace(1, 0, 5)
 
 
-@pytest.mark.parametrize("make_sampler,sigmas,expected", [
-    (lambda: FlowSDESampler(FlowSDEOptions()), FLOW_SIGMAS, [0, 1, 2, 3]),
-    (lambda: CPSSampler(CPSOptions()), FLOW_SIGMAS, [0, 1, 2]),
-    (lambda: DDIMEtaSampler(DDIMEtaOptions(eta=1.0)), torch.tensor([1.0, 0.8, 0.5, 0.2, 0.0]), [0, 1, 2]),
-    (lambda: DDIMEtaSampler(DDIMEtaOptions(eta=1.0)), torch.tensor([0.99, 0.8, 0.5, 0.2, 0.1]), [0, 1, 2, 3]),
-    (lambda: DDIMEtaSampler(DDIMEtaOptions(eta=0.0)), torch.tensor([1.0, 0.8, 0.5, 0.2, 0.0]), []),
-    (lambda: WindowSampler(WindowOptions(size=2, schedule="fixed")), FLOW_SIGMAS, [0, 1]),
-    (lambda: WindowSampler(WindowOptions(sde="cps", size=3, schedule="random")), torch.linspace(1, 0, 7), None),
-], ids=["flow_sde", "cps", "ddim-to-alpha-1", "ddim-not-to-alpha-1", "ddim-eta-0", "window", "window-cps-random"])
+@pytest.mark.parametrize(
+    "make_sampler,sigmas,expected",
+    [
+        (lambda: FlowSDESampler(FlowSDEOptions()), FLOW_SIGMAS, [0, 1, 2, 3]),
+        (lambda: CPSSampler(CPSOptions()), FLOW_SIGMAS, [0, 1, 2]),
+        (lambda: DDIMEtaSampler(DDIMEtaOptions(eta=1.0)), torch.tensor([1.0, 0.8, 0.5, 0.2, 0.0]), [0, 1, 2]),
+        (lambda: DDIMEtaSampler(DDIMEtaOptions(eta=1.0)), torch.tensor([0.99, 0.8, 0.5, 0.2, 0.1]), [0, 1, 2, 3]),
+        (lambda: DDIMEtaSampler(DDIMEtaOptions(eta=0.0)), torch.tensor([1.0, 0.8, 0.5, 0.2, 0.0]), []),
+        (lambda: WindowSampler(WindowOptions(size=2, schedule="fixed")), FLOW_SIGMAS, [0, 1]),
+        (lambda: WindowSampler(WindowOptions(sde="cps", size=3, schedule="random")), torch.linspace(1, 0, 7), None),
+    ],
+    ids=["flow_sde", "cps", "ddim-to-alpha-1", "ddim-not-to-alpha-1", "ddim-eta-0", "window", "window-cps-random"],
+)
 def test_declared_stochastic_steps_are_those_with_a_log_prob(make_sampler, sigmas, expected):
     """What a sampler says it will sample stochastically, before a rollout, is where its steps have a density:
     the trainer plans the forwards it keeps from it."""
     sampler, x = make_sampler(), torch.randn(2, 3)
-    with_density = [i for i in range(len(sigmas) - 1) if torch.isfinite(
-        sampler.step(x, torch.randn(2, 3), sigmas, i, noise=torch.randn(2, 3)).log_prob).all()]
+    with_density = [
+        i
+        for i in range(len(sigmas) - 1)
+        if torch.isfinite(sampler.step(x, torch.randn(2, 3), sigmas, i, noise=torch.randn(2, 3)).log_prob).all()
+    ]
     assert stochastic_steps(sampler, sigmas) == with_density
     assert expected is None or with_density == expected

@@ -82,7 +82,9 @@ def score_with(how: str, **settings):
 
 
 def test_fail_policy_names_reward_step_and_prompt():
-    with pytest.raises(RewardError, match="reward 'flaky' failed at step 7 on prompts .*ConnectionError: judge unreachable"):
+    with pytest.raises(
+        RewardError, match="reward 'flaky' failed at step 7 on prompts .*ConnectionError: judge unreachable"
+    ):
         score_with("raise")
     with pytest.raises(RewardError, match="reward 'flaky' failed at step 7 on prompt 'prompt 5': 'score' is nan"):
         score_with("nan")

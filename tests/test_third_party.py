@@ -31,8 +31,22 @@ packages = ["gyremedia_broken_plugin"]
 
 
 def pip_install(target: Path, *packages: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(target), *map(str, packages)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            *map(str, packages),
+        ],
+        check=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +63,9 @@ def site(tmp_path_factory) -> Path:
 
 def gyremedia(site: Path | None, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(site) if site else ""}
-    return subprocess.run([sys.executable, "-m", "gyremedia.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gyremedia.cli", *args], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_installed_package_is_listed_with_its_reward(site):

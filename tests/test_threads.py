@@ -41,5 +41,6 @@ def test_the_thread_waits_for_the_call_before_it_and_ends_with_its_own():
 def test_an_exception_reaches_the_future():
     def failing():
         raise ValueError("bad input")
+
     with pytest.raises(ValueError, match="bad input"):
         in_own_thread(failing).result(timeout=5)

@@ -29,22 +29,43 @@ def train_steps(run_dir) -> list[dict]:
     return [m for m in read_metrics(run_dir) if "loss" in m]
 
 
-@pytest.mark.parametrize("lora,dtype,sampler,precision,compiled", [
-    (False, "float32", "flow_sde", "none", False), (True, "float32", "flow_sde", "none", False),
-    (True, "bfloat16", "flow_sde", "none", False), (True, "bfloat16", "cps", "none", False),
-    (False, "bfloat16", "cps", "none", False), (False, "float32", "flow_sde", "bf16", False),
-    (True, "float32", "cps", "bf16", False),
-    pytest.param(True, "float32", "flow_sde", "bf16", True, marks=pytest.mark.slow)],
-    ids=["full", "lora", "lora-bf16-flow_sde", "lora-bf16-cps", "full-bf16-cps", "full-autocast-flow_sde",
-         "lora-autocast-cps", "lora-autocast-compiled"])
+@pytest.mark.parametrize(
+    "lora,dtype,sampler,precision,compiled",
+    [
+        (False, "float32", "flow_sde", "none", False),
+        (True, "float32", "flow_sde", "none", False),
+        (True, "bfloat16", "flow_sde", "none", False),
+        (True, "bfloat16", "cps", "none", False),
+        (False, "bfloat16", "cps", "none", False),
+        (False, "float32", "flow_sde", "bf16", False),
+        (True, "float32", "cps", "bf16", False),
+        pytest.param(True, "float32", "flow_sde", "bf16", True, marks=pytest.mark.slow),
+    ],
+    ids=[
+        "full",
+        "lora",
+        "lora-bf16-flow_sde",
+        "lora-bf16-cps",
+        "full-bf16-cps",
+        "full-autocast-flow_sde",
+        "lora-autocast-cps",
+        "lora-autocast-compiled",
+    ],
+)
 def test_every_on_policy_ratio_is_exactly_one(make_config, tmp_path, lora, dtype, sampler, precision, compiled):
     """Also in bf16 (the base weights; LoRA adapters train in fp32) and under bf16 autocast with fp32 master
     weights (train.mixed_precision), where replay must reproduce the rollout's kernels exactly: the same chunk,
     the same batch shape, log-probs in fp32. Compiled too (train.compile: the rollout's and the update's graphs
     keep eager's bf16 casts; without that their ratios were 1 +- 2e-4)."""
-    config = make_config(f"backbone.lora.enabled={lora}", f"backbone.dtype={dtype}", f"sampler.name={sampler}",
-                         "train.steps=3", "objective.timestep_fraction=0.67", f"train.mixed_precision={precision}",
-                         f"train.compile={compiled}")
+    config = make_config(
+        f"backbone.lora.enabled={lora}",
+        f"backbone.dtype={dtype}",
+        f"sampler.name={sampler}",
+        "train.steps=3",
+        "objective.timestep_fraction=0.67",
+        f"train.mixed_precision={precision}",
+        f"train.compile={compiled}",
+    )
     Trainer(config, PluginManager()).train()
     steps = train_steps(tmp_path / "run")
     assert [m["step"] for m in steps] == [1, 2, 3]
@@ -64,7 +85,9 @@ def test_run_folder_holds_config_metrics_samples_and_checkpoints(make_config, tm
     assert (run / "samples" / "before.png").is_file() and (run / "samples" / "after.png").is_file()
     assert (run / "reward_curve.png").is_file()
     metrics = read_metrics(run)
-    assert metrics[0]["step"] == 0 and {"eval/jpeg_compressibility", "eval/jpeg_compressibility/size_kb"} <= set(metrics[0])
+    assert metrics[0]["step"] == 0 and {"eval/jpeg_compressibility", "eval/jpeg_compressibility/size_kb"} <= set(
+        metrics[0]
+    )
     assert {"reward", "reward_std", "loss", "policy_loss", "lr", "time/rollout"} <= set(metrics[1])
 
 
@@ -101,8 +124,10 @@ def test_fused_adamw_is_opt_in_and_trains_the_same_up_to_rounding(make_config, t
     both give the same weights up to float rounding after a few steps."""
     weights, fused = [], []
     for on in (False, True):
-        trainer = Trainer(make_config(f"run.output_dir={tmp_path / str(on)}", "train.steps=3",
-                                      f"train.fused_adamw={on}"), PluginManager())
+        trainer = Trainer(
+            make_config(f"run.output_dir={tmp_path / str(on)}", "train.steps=3", f"train.fused_adamw={on}"),
+            PluginManager(),
+        )
         state = trainer.setup()
         for step in range(3):
             trainer.train_step(step)
@@ -114,13 +139,18 @@ def test_fused_adamw_is_opt_in_and_trains_the_same_up_to_rounding(make_config, t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides,reference", [
-    (("regularizers=[{name: gaussian_kl, weight: 0.1}]",), True),
-    (("train.reuse_rollout_forward=true",), False),
-    (("objective={name: nft, old_policy_decay: 0.5}", "sampler={name: ode}", "backbone.lora.enabled=true"), False),
-], ids=["kl-reference", "reused-forwards", "nft-old-policy-lora"])
-def test_compiled_policy_trains_like_the_eager_one_and_keeps_its_parameter_names(make_config, tmp_path, overrides,
-                                                                                 reference):
+@pytest.mark.parametrize(
+    "overrides,reference",
+    [
+        (("regularizers=[{name: gaussian_kl, weight: 0.1}]",), True),
+        (("train.reuse_rollout_forward=true",), False),
+        (("objective={name: nft, old_policy_decay: 0.5}", "sampler={name: ode}", "backbone.lora.enabled=true"), False),
+    ],
+    ids=["kl-reference", "reused-forwards", "nft-old-policy-lora"],
+)
+def test_compiled_policy_trains_like_the_eager_one_and_keeps_its_parameter_names(
+    make_config, tmp_path, overrides, reference
+):
     """train.compile compiles the network in place (rollout, training and the KL's reference copy; the rollout's
     kept forwards too; NFT's old weights, swapped into it): the update follows the eager run's up to the compiled
     kernels' rounding, and checkpoints keep the same names."""
@@ -133,11 +163,16 @@ def test_compiled_policy_trains_like_the_eager_one_and_keeps_its_parameter_names
         assert eager > 0 and compiled == pytest.approx(eager, rel=1e-3)
 
 
-@pytest.mark.parametrize("overrides", [
-    ("train.num_minibatches=2",), ("objective.timestep_fraction=0.67",),
-    ("sampler={name: cps}", "objective.timestep_fraction=1.0"),  # its last step is deterministic
-    ("sampler={name: window, size: 1, shift_every: 1}", "rollout.num_steps=4", "objective.timestep_fraction=1.0"),
-], ids=["first-of-two-minibatches", "one-minibatch", "cps", "mixgrpo-window"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("train.num_minibatches=2",),
+        ("objective.timestep_fraction=0.67",),
+        ("sampler={name: cps}", "objective.timestep_fraction=1.0"),  # its last step is deterministic
+        ("sampler={name: window, size: 1, shift_every: 1}", "rollout.num_steps=4", "objective.timestep_fraction=1.0"),
+    ],
+    ids=["first-of-two-minibatches", "one-minibatch", "cps", "mixgrpo-window"],
+)
 def test_reused_rollout_forwards_train_the_same_weights_with_fewer_forwards(make_config, tmp_path, overrides):
     """train.reuse_rollout_forward: the first minibatch trains on the forwards its rollout kept (the same chunk,
     the same kernels), so the weights are the same to the bit and every trained transition of that minibatch
@@ -146,12 +181,20 @@ def test_reused_rollout_forwards_train_the_same_weights_with_fewer_forwards(make
     never planned."""
     weights, forwards, planned = [], [], []
     for reuse in (False, True):
-        trainer = Trainer(make_config(f"run.output_dir={tmp_path / str(reuse)}", "train.steps=3", *overrides,
-                                      f"train.reuse_rollout_forward={reuse}"), PluginManager())
+        trainer = Trainer(
+            make_config(
+                f"run.output_dir={tmp_path / str(reuse)}",
+                "train.steps=3",
+                *overrides,
+                f"train.reuse_rollout_forward={reuse}",
+            ),
+            PluginManager(),
+        )
         state = trainer.setup()
         rows = []
         state.backbone.trainable_module().register_forward_pre_hook(
-            lambda module, args, kwargs: rows.append(kwargs["hidden_states"].shape[0]), with_kwargs=True)
+            lambda module, args, kwargs: rows.append(kwargs["hidden_states"].shape[0]), with_kwargs=True
+        )
         for step in range(3):
             planned.append(planned_forwards(state, step))
             trainer.train_step(step)
@@ -171,7 +214,9 @@ def test_each_steps_prompts_are_drawn_once(make_config, tmp_path, monkeypatch):
     trainer.setup()
     drawn = []
     original = trainer.state.prompts.groups_for_step
-    monkeypatch.setattr(trainer.state.prompts, "groups_for_step", lambda seed, step, n: drawn.append(step) or original(seed, step, n))
+    monkeypatch.setattr(
+        trainer.state.prompts, "groups_for_step", lambda seed, step, n: drawn.append(step) or original(seed, step, n)
+    )
     for step in range(3):
         trainer.train_step(step)
     assert drawn == [0, 1, 2]
@@ -271,7 +316,9 @@ def test_lifecycle_hooks_are_called_in_order(make_config, tmp_path):
 
     resumed = Recorder()
     pm = PluginManager(extra_plugins=[resumed, ShapedRewardPlugin])
-    Trainer(make_config("rewards.0.name=shaped", "rewards.0.bonus=1.0", "train.steps=3", plugins=pm), pm, resume=True).train()
+    Trainer(
+        make_config("rewards.0.name=shaped", "rewards.0.bonus=1.0", "train.steps=3", plugins=pm), pm, resume=True
+    ).train()
     assert resumed.saved_state["Recorder"] == {"saved_at": 2}
 
 
@@ -301,8 +348,12 @@ def test_reward_of_the_wrong_media_kind_is_refused(make_config):
 
 def test_kl_to_reference_runs_with_lora_and_full(make_config):
     for lora in (False, True):
-        config = make_config(f"backbone.lora.enabled={lora}", "objective.kl_beta=0.1", "train.steps=1",
-                             f"run.output_dir={make_config().core.run.output_dir}-{lora}")
+        config = make_config(
+            f"backbone.lora.enabled={lora}",
+            "objective.kl_beta=0.1",
+            "train.steps=1",
+            f"run.output_dir={make_config().core.run.output_dir}-{lora}",
+        )
         state = Trainer(config, PluginManager()).train()
         assert state.last_metrics["gaussian_kl/kl"] == 0.0  # on the first update the policy equals the reference
         assert torch.isfinite(torch.tensor(state.last_metrics["loss"]))
@@ -332,7 +383,9 @@ class PenaltyPlugin:
 
 def test_selected_regularizer_adds_its_weighted_terms_to_the_loss(make_config):
     pm = PluginManager(extra_plugins=[PenaltyPlugin])
-    config = make_config("train.steps=1", "regularizers=[{name: velocity_penalty, weight: 0.5, scale: 2.0}]", plugins=pm)
+    config = make_config(
+        "train.steps=1", "regularizers=[{name: velocity_penalty, weight: 0.5, scale: 2.0}]", plugins=pm
+    )
     metrics = Trainer(config, pm).train().last_metrics
     penalty = metrics["velocity_penalty/velocity_sq"]
     assert penalty > 0
@@ -366,8 +419,12 @@ def test_drop_policy_trains_on_the_other_samples_and_counts_the_dropped(make_con
     pm = PluginManager(extra_plugins=[UnreliablePlugin])
     with pytest.raises(RewardError, match="'unreliable' failed at step 0"):
         Trainer(make_config("rewards.0.name=unreliable", plugins=pm), pm).train()
-    config = make_config("rewards.0.name=unreliable", "rewards.0.on_failure=drop", "run.output_dir=" +
-                         str(make_config().core.run.output_dir) + "-drop", plugins=pm)
+    config = make_config(
+        "rewards.0.name=unreliable",
+        "rewards.0.on_failure=drop",
+        "run.output_dir=" + str(make_config().core.run.output_dir) + "-drop",
+        plugins=pm,
+    )
     state = Trainer(config, pm).train()
     metrics = train_steps(state.run_dir)
     assert [m["reward/unreliable/dropped"] for m in metrics] == [2.0, 2.0]
@@ -468,8 +525,9 @@ def test_a_nan_loss_stops_the_run_at_its_step_and_checkpoints_stay_finite(make_c
 
 def test_skip_drops_the_nonfinite_update_and_counts_it(make_config):
     pm = PluginManager(extra_plugins=[NanPlugin])
-    config = make_config("regularizers=[{name: nan_at_step, at_step: 2}]", "train.steps=3", "train.on_nonfinite=skip",
-                         plugins=pm)
+    config = make_config(
+        "regularizers=[{name: nan_at_step, at_step: 2}]", "train.steps=3", "train.on_nonfinite=skip", plugins=pm
+    )
     state = Trainer(config, pm).train()
     assert state.step == 3 and state.last_metrics["train/nonfinite_skipped"] == 1.0
     assert state.lr_scheduler.last_epoch == 2  # the skipped update did not advance the schedule
@@ -484,8 +542,13 @@ def test_checkpoints_follow_the_time_bound_and_hooks_see_the_folder_being_writte
             (path / "extra.txt").write_text(str(state.step))
 
     pm = PluginManager(extra_plugins=[WritesAFile()])
-    config = make_config("train.steps=3", "checkpoint.every=100", "checkpoint.max_lost_seconds=0.001",
-                         "checkpoint.keep_last=5", plugins=pm)
+    config = make_config(
+        "train.steps=3",
+        "checkpoint.every=100",
+        "checkpoint.max_lost_seconds=0.001",
+        "checkpoint.keep_last=5",
+        plugins=pm,
+    )
     Trainer(config, pm).train()
     saved = list_checkpoints(tmp_path / "run")
     assert [c.name for c in saved] == ["step-000001", "step-000002", "step-000003"]  # each step was overdue
@@ -543,14 +606,18 @@ def test_sigterm_checkpoints_the_step_exits_nonzero_and_resume_reproduces_the_ru
     assert run("train", str(tiny_yaml), f"run.output_dir={straight}", *common).returncode == 0
     interrupted = run("train", str(tiny_yaml), f"run.output_dir={split}", *common, signal_at=3)
     assert interrupted.returncode == 143  # 128 + SIGTERM
-    assert ("SIGTERM received: stopped after step 3 with checkpoint " in interrupted.stderr
-            and f"gyremedia train --resume {split}" in interrupted.stderr)
+    assert (
+        "SIGTERM received: stopped after step 3 with checkpoint " in interrupted.stderr
+        and f"gyremedia train --resume {split}" in interrupted.stderr
+    )
     assert [c.name for c in list_checkpoints(split)] == ["step-000003"]
     resumed = run("train", "--resume", str(split))
     assert resumed.returncode == 0, resumed.stderr
     assert [m["step"] for m in train_steps(split)] == [1, 2, 3, 4, 5]
     for got, want in zip(train_steps(split), train_steps(straight)):
-        assert comparable(got) == comparable(want), {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+        assert comparable(got) == comparable(want), {
+            k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)
+        }
 
 
 def test_a_second_signal_exits_at_once(make_config, monkeypatch):
@@ -611,7 +678,9 @@ def test_processes_launched_together_but_running_alone_are_refused(make_config, 
         resolve_sharding(make_config(), deepspeed, PluginManager())
     fsdp = SimpleNamespace(num_processes=2, distributed_type=SimpleNamespace(value="FSDP"))
     assert resolve_sharding(make_config(), fsdp, PluginManager())  # train.sharding=auto follows the launch
-    with pytest.raises(ConfigError, match="train.sharding=none on an FSDP launch: launch with configs/accelerate/ddp.yaml"):
+    with pytest.raises(
+        ConfigError, match="train.sharding=none on an FSDP launch: launch with configs/accelerate/ddp.yaml"
+    ):
         resolve_sharding(make_config("train.sharding=none"), fsdp, PluginManager())  # accelerate would shard it
 
 
@@ -631,7 +700,10 @@ def test_a_reward_that_drops_more_than_its_share_stops_the_run(make_config):
     """on_failure=drop with a server down: the run stops at the first step instead of training on nothing."""
     pm = PluginManager(extra_plugins=[DeadServerPlugin])
     config = make_config("rewards.0.name=dead", "rewards.0.on_failure=drop", "eval.every=0", plugins=pm)
-    with pytest.raises(RewardError, match=r"^reward 'dead' dropped 8 of 8 samples over the last 1 step\(s\) up to step 0, "
-                                          r"more than rewards.0.max_dropped=0.5 allows"):
+    with pytest.raises(
+        RewardError,
+        match=r"^reward 'dead' dropped 8 of 8 samples over the last 1 step\(s\) up to step 0, "
+        r"more than rewards.0.max_dropped=0.5 allows",
+    ):
         Trainer(config, pm).train()
     assert not (config.core.run.output_dir and list_checkpoints(config.core.run.output_dir))

@@ -15,13 +15,28 @@ def save_tiny_clip(folder: Path, words: list[str]) -> Path:
     from gyremedia.backbones.tiny_sd3 import build_clip_tokenizer
 
     tokenizer = build_clip_tokenizer(words, 77)
-    config = CLIPConfig(text_config={"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64,
-                                     "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 77,
-                                     "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-                                     "pad_token_id": tokenizer.pad_token_id},
-                        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                                       "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
-                        projection_dim=24)
+    config = CLIPConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "max_position_embeddings": 77,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config={
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 32,
+            "patch_size": 8,
+        },
+        projection_dim=24,
+    )
     torch.manual_seed(0)
     CLIPModel(config).save_pretrained(folder)
     images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})

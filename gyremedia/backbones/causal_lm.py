@@ -43,12 +43,16 @@ LOGITS_PER_CHUNK = 2**24
 class CausalLMOptions:
     pretrained: str = option(check=pretrained_source, help="a causal LM folder (model and tokenizer) or hub id")
     dtype: Literal["float32", "bfloat16", "float16"] = option("float32", help="the model's weights")
-    lora: LoraOptions = field(default_factory=lambda: LoraOptions(target_modules=["q_proj", "k_proj", "v_proj",
-                                                                                  "o_proj"]))
+    lora: LoraOptions = field(
+        default_factory=lambda: LoraOptions(target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    )
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
-    disable_dropout: bool = option(True, help="dropout off in the update too (as TRL's disable_dropout), so the "
-                                   "replay's log-probs equal the rollout's and the KL is not noisy; rollouts "
-                                   "always sample in eval mode")
+    disable_dropout: bool = option(
+        True,
+        help="dropout off in the update too (as TRL's disable_dropout), so the "
+        "replay's log-probs equal the rollout's and the KL is not noisy; rollouts "
+        "always sample in eval mode",
+    )
     max_new_tokens: int = option(64, ge=1, help="longest completion, in tokens")
     temperature: float = option(1.0, gt=0, help="sampling temperature of rollouts (and of the trained log-probs)")
     top_p: float = option(1.0, gt=0, le=1, help="nucleus sampling: keep the smallest set of tokens with this mass")
@@ -91,16 +95,26 @@ def chunked_positions(rows: int, positions: int, vocabulary: int) -> int:
     return max(1, min(positions, LOGITS_PER_CHUNK // max(rows * vocabulary, 1)))
 
 
-def _token_log_probs(hidden: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor, temperature: float,
-                     keep: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+def _token_log_probs(
+    hidden: torch.Tensor,
+    head: torch.nn.Module,
+    tokens: torch.Tensor,
+    temperature: float,
+    keep: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> torch.Tensor:
     logits = head(hidden).float() / temperature
     if keep is not None:
         logits = keep(logits)
     return logits.log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
 
 
-def completion_log_probs(hidden: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor, temperature: float,
-                         keep: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+def completion_log_probs(
+    hidden: torch.Tensor,
+    head: torch.nn.Module,
+    tokens: torch.Tensor,
+    temperature: float,
+    keep: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """``[B, T]`` log-probs of ``tokens`` under ``softmax(keep(head(hidden) / temperature))`` (``keep``: the
     sampler's top-k / top-p filter, if any), the output projection and the log-softmax taken a chunk of positions
     at a time. With gradients, each chunk's logits are recomputed in the backward pass (as fused
@@ -113,9 +127,10 @@ def completion_log_probs(hidden: torch.Tensor, head: torch.nn.Module, tokens: to
     recompute = torch.is_grad_enabled() and hidden.requires_grad
     parts = []
     for begin in range(0, hidden.shape[1], step):
-        piece = (hidden[:, begin:begin + step], head, tokens[:, begin:begin + step], temperature, keep)
-        parts.append(checkpoint(_token_log_probs, *piece, use_reentrant=False) if recompute
-                     else _token_log_probs(*piece))
+        piece = (hidden[:, begin : begin + step], head, tokens[:, begin : begin + step], temperature, keep)
+        parts.append(
+            checkpoint(_token_log_probs, *piece, use_reentrant=False) if recompute else _token_log_probs(*piece)
+        )
     return torch.cat(parts, dim=1)
 
 
@@ -153,8 +168,9 @@ class CausalLMBackbone(TransformerPolicy):
         that again added a second BOS for Llama 3, Gemma and Mistral); else the prompt with the tokenizer's."""
         if not (self.options.chat_template and getattr(self.tokenizer, "chat_template", None)):
             return self.tokenizer(list(prompts))["input_ids"]
-        encoded = self.tokenizer.apply_chat_template([[{"role": "user", "content": p}] for p in prompts],
-                                                     tokenize=True, add_generation_prompt=True)
+        encoded = self.tokenizer.apply_chat_template(
+            [[{"role": "user", "content": p}] for p in prompts], tokenize=True, add_generation_prompt=True
+        )
         return list(encoded["input_ids"] if isinstance(encoded, Mapping) else encoded)
 
     def _tokenize(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,18 +188,32 @@ class CausalLMBackbone(TransformerPolicy):
     def _logits(self, ids: torch.Tensor, attention: torch.Tensor, *, past=None) -> tuple[torch.Tensor, object]:
         """The next token's logits ``[B, 1, V]`` after ``ids``, and the cache; positions count only attended tokens
         (left padding). Only the last position goes through the output projection."""
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
         with self._autocast():
-            out = self.transformer(input_ids=ids, attention_mask=attention, position_ids=positions, cache=past,
-                                   use_cache=True, logits_to_keep=1)
+            out = self.transformer(
+                input_ids=ids,
+                attention_mask=attention,
+                position_ids=positions,
+                cache=past,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         return out.logits, out.cache
 
     def _hidden(self, ids: torch.Tensor, attention: torch.Tensor, *, reference: bool = False) -> torch.Tensor:
         """The last layer's normalised hidden states ``[B, S, H]`` (what the output projection reads), without
         projecting them: the logits of a whole sequence are never made at once (:func:`completion_log_probs`)."""
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        out = self._forward(reference, input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False,
-                            output_hidden_states=True, logits_to_keep=1, return_dict=True)
+        out = self._forward(
+            reference,
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=False,
+            output_hidden_states=True,
+            logits_to_keep=1,
+            return_dict=True,
+        )
         return out.hidden_states[-1]
 
     def _completion_hidden(self, rollout: Rollout, reference: bool) -> torch.Tensor:
@@ -201,11 +231,16 @@ class CausalLMBackbone(TransformerPolicy):
         wrapped = torch.is_grad_enabled() and not reference and self._training_module is not self.transformer
         if len(distinct) == len(prompt) or self.options.gradient_checkpointing or wrapped:
             attention = torch.cat([prompt_mask, mask], dim=1)
-            return self._hidden(rollout.states, attention, reference=reference)[:, length - 1:-1]
+            return self._hidden(rollout.states, attention, reference=reference)[:, length - 1 : -1]
         shared = dict(use_cache=True, output_hidden_states=True, logits_to_keep=1, return_dict=True)
         positions = (distinct[:, length:].cumsum(-1) - 1).clamp(min=0)
-        head = self._forward(reference, input_ids=distinct[:, :length], attention_mask=distinct[:, length:],
-                             position_ids=positions, **shared)
+        head = self._forward(
+            reference,
+            input_ids=distinct[:, :length],
+            attention_mask=distinct[:, length:],
+            position_ids=positions,
+            **shared,
+        )
         last_prompt = head.hidden_states[-1][inverse, -1:]
         if rollout.states.shape[1] == length + 1:  # one-token completions: the prompt predicts them all
             return last_prompt
@@ -213,8 +248,14 @@ class CausalLMBackbone(TransformerPolicy):
         cache.reorder_cache(inverse)
         attention = torch.cat([prompt_mask, mask[:, :-1]], dim=1)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, length:]
-        tail = self._forward(reference, input_ids=rollout.states[:, length:-1], attention_mask=attention,
-                             position_ids=positions, cache=cache, **shared)
+        tail = self._forward(
+            reference,
+            input_ids=rollout.states[:, length:-1],
+            attention_mask=attention,
+            position_ids=positions,
+            cache=cache,
+            **shared,
+        )
         return torch.cat([last_prompt, tail.hidden_states[-1]], dim=1)
 
     @contextlib.contextmanager
@@ -238,9 +279,11 @@ class CausalLMBackbone(TransformerPolicy):
             out = self.transformer(input_ids=ids, output_hidden_states=True, return_dict=True)
             projected = self.transformer.get_output_embeddings()(out.hidden_states[-1])
         if not torch.allclose(projected.float(), out.logits.float(), rtol=1e-4, atol=1e-4):
-            raise ValueError(f"backbone.pretrained={self.options.pretrained!r}: its logits are not its output "
-                             "projection of its last hidden states (a soft-capped or otherwise post-processed head), "
-                             "which the chunked log-probs need")
+            raise ValueError(
+                f"backbone.pretrained={self.options.pretrained!r}: its logits are not its output "
+                "projection of its last hidden states (a soft-capped or otherwise post-processed head), "
+                "which the chunked log-probs need"
+            )
 
     def _filter(self, scores: torch.Tensor) -> torch.Tensor:
         """Temperature-scaled logits ``[..., V]`` with everything outside top-k / top-p set to -inf."""
@@ -255,8 +298,13 @@ class CausalLMBackbone(TransformerPolicy):
         return scores
 
     @torch.no_grad()
-    def _sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generators: list[torch.Generator] | None,
-                temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _sample(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        generators: list[torch.Generator] | None,
+        temperature: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Completions ``[B, T]`` (pad after the end), their log-probs under the sampling distribution, their
         mask, and which ones ``max_new_tokens`` cut off ``[B]``. ``generators`` None (or ``temperature`` 0)
         decodes greedily."""
@@ -308,18 +356,25 @@ class CausalLMBackbone(TransformerPolicy):
         parts = []
         for begin in range(0, len(request.prompts), chunk):
             span = slice(begin, begin + chunk)
-            generators = sample_generators(request.seed, request.step, Stream.GENERATION,
-                                           request.sample_ids[span].tolist(), self.device)
+            generators = sample_generators(
+                request.seed, request.step, Stream.GENERATION, request.sample_ids[span].tolist(), self.device
+            )
             parts.append(self._sample(prompt_ids[span], prompt_mask[span], generators, self.temperature))
         width = max(p[0].shape[1] for p in parts)
         pad = self.tokenizer.pad_token_id
         completion = torch.cat([F.pad(p[0], (0, width - p[0].shape[1]), value=pad) for p in parts])
         log_probs = torch.cat([F.pad(p[1], (0, width - p[1].shape[1])) for p in parts])
         mask = torch.cat([F.pad(p[2], (0, width - p[2].shape[1])) for p in parts])
-        return Rollout(prompts=list(request.prompts), sample_ids=request.sample_ids, group_ids=request.group_ids,
-                       conditions={"prompt_mask": prompt_mask}, states=torch.cat([prompt_ids, completion], dim=1),
-                       log_probs=log_probs, mask=mask,
-                       extras={"prompt_length": prompt_ids.shape[1], "truncated": torch.cat([p[3] for p in parts])})
+        return Rollout(
+            prompts=list(request.prompts),
+            sample_ids=request.sample_ids,
+            group_ids=request.group_ids,
+            conditions={"prompt_mask": prompt_mask},
+            states=torch.cat([prompt_ids, completion], dim=1),
+            log_probs=log_probs,
+            mask=mask,
+            extras={"prompt_length": prompt_ids.shape[1], "truncated": torch.cat([p[3] for p in parts])},
+        )
 
     def token_log_probs(self, rollout: Rollout, *, reference: bool = False) -> torch.Tensor:
         """``[B, T]`` fp32 log-probs of the completion tokens at the sampling temperature (0 where masked)."""
@@ -336,52 +391,79 @@ class CausalLMBackbone(TransformerPolicy):
         return torch.where(rollout.mask.bool(), log_probs, 0.0)
 
     def _completions(self, completion: torch.Tensor, mask: torch.Tensor) -> list[str]:
-        return self.tokenizer.batch_decode(completion.masked_fill(~mask.bool(), self.tokenizer.pad_token_id),
-                                           skip_special_tokens=True)
+        return self.tokenizer.batch_decode(
+            completion.masked_fill(~mask.bool(), self.tokenizer.pad_token_id), skip_special_tokens=True
+        )
 
     def media(self, rollout: Rollout) -> Media:
         """The completions as text (special tokens dropped)."""
-        return Media("text", self._completions(rollout.states[:, rollout.extras["prompt_length"]:], rollout.mask))
+        return Media("text", self._completions(rollout.states[:, rollout.extras["prompt_length"] :], rollout.mask))
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], *, seed: int, sampler=None, num_steps: int = 0, guidance_scale: float = 1.0,
-                 preference: torch.Tensor | None = None) -> Generated:
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        seed: int,
+        sampler=None,
+        num_steps: int = 0,
+        guidance_scale: float = 1.0,
+        preference: torch.Tensor | None = None,
+    ) -> Generated:
         """One completion per prompt at ``eval_temperature`` (greedy at 0), sample ``i`` seeded by ``(seed, i)``.
         Extras: the rollout-shaped ids the reference drift reads."""
         temperature, size = self.options.eval_temperature, self.options.batch_size
         texts, rollouts = [], []
         for begin in range(0, len(prompts), size):
-            chunk = prompts[begin:begin + size]
+            chunk = prompts[begin : begin + size]
             ids, attention = self._tokenize(chunk)
-            generators = sample_generators(seed, 0, Stream.GENERATION, list(range(begin, begin + len(chunk))),
-                                           self.device)
+            generators = sample_generators(
+                seed, 0, Stream.GENERATION, list(range(begin, begin + len(chunk))), self.device
+            )
             completion, _, mask, _ = self._sample(ids, attention, generators if temperature else None, temperature)
             texts += self._completions(completion, mask)
-            rollouts.append(Rollout(prompts=chunk, sample_ids=torch.arange(len(chunk)), group_ids=torch.arange(len(chunk)),
-                                    conditions={"prompt_mask": attention}, states=torch.cat([ids, completion], dim=1),
-                                    mask=mask, extras={"prompt_length": ids.shape[1]}))
+            rollouts.append(
+                Rollout(
+                    prompts=chunk,
+                    sample_ids=torch.arange(len(chunk)),
+                    group_ids=torch.arange(len(chunk)),
+                    conditions={"prompt_mask": attention},
+                    states=torch.cat([ids, completion], dim=1),
+                    mask=mask,
+                    extras={"prompt_length": ids.shape[1]},
+                )
+            )
         return Generated(Media("text", texts), {"rollouts": rollouts})
 
     @torch.no_grad()
-    def reference_drift(self, prompts: list[str], generated: Generated, *, levels: int = 0, guidance_scale: float = 1.0,
-                        preference: torch.Tensor | None = None) -> float:
+    def reference_drift(
+        self,
+        prompts: list[str],
+        generated: Generated,
+        *,
+        levels: int = 0,
+        guidance_scale: float = 1.0,
+        preference: torch.Tensor | None = None,
+    ) -> float:
         """Mean per-token ``KL(pi || pi_ref)`` over the evaluation completions (exact, over the vocabulary)."""
         total = count = 0.0
         for rollout in generated.extras["rollouts"]:
             length = rollout.extras["prompt_length"]
             attention = torch.cat([rollout.conditions["prompt_mask"], rollout.mask.long()], dim=1)
-            hidden = {ref: self._hidden(rollout.states, attention, reference=ref)[:, length - 1:-1] for ref in (False, True)}
+            hidden = {
+                ref: self._hidden(rollout.states, attention, reference=ref)[:, length - 1 : -1] for ref in (False, True)
+            }
             vocabulary = self.transformer.get_output_embeddings().weight.shape[0]
             step = chunked_positions(len(rollout.states), hidden[False].shape[1], vocabulary)
             for begin in range(0, hidden[False].shape[1], step):  # a chunk of positions' distributions at a time
                 distributions = []
                 for ref in (False, True):
                     with self._head(ref) as head:
-                        logits = head(hidden[ref][:, begin:begin + step]).float()
+                        logits = head(hidden[ref][:, begin : begin + step]).float()
                     distributions.append((logits / self.temperature).log_softmax(-1))
                 policy, ref = distributions
                 kl = (policy.exp() * (policy - ref)).sum(-1)
-                total += float((kl * rollout.mask[:, begin:begin + step]).sum())
+                total += float((kl * rollout.mask[:, begin : begin + step]).sum())
             count += float(rollout.mask.sum())
         return total / max(count, 1.0)
 
@@ -401,8 +483,10 @@ class CausalLMBackbone(TransformerPolicy):
             config = self.transformer.peft_config["default"]
             config.base_model_name_or_path = self.options.pretrained
             config.save_pretrained(out_dir)
-            save_file({k: v.contiguous() for k, v in get_peft_model_state_dict(self.transformer).items()},
-                      str(out_dir / "adapter_model.safetensors"))
+            save_file(
+                {k: v.contiguous() for k, v in get_peft_model_state_dict(self.transformer).items()},
+                str(out_dir / "adapter_model.safetensors"),
+            )
             load = ADAPTERS.format(base=self.options.pretrained, folder=out_dir)
         else:
             (merge_adapters(self.transformer) if self.lora_enabled else self.transformer).save_pretrained(out_dir)
@@ -411,8 +495,10 @@ class CausalLMBackbone(TransformerPolicy):
 
 
 MODEL = 'model = AutoModelForCausalLM.from_pretrained("{folder}")'
-ADAPTERS = ('from peft import PeftModel\n\nmodel = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{base}"), '
-            '"{folder}")  # the LoRA adapters alone')
+ADAPTERS = (
+    'from peft import PeftModel\n\nmodel = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{base}"), '
+    '"{folder}")  # the LoRA adapters alone'
+)
 USAGE = """# Trained with gyremedia
 
 ```python
@@ -428,5 +514,9 @@ print(tokenizer.decode(model.generate(**inputs, max_new_tokens=8, do_sample=Fals
 
 @hookimpl
 def gyremedia_register_backbones(register):
-    register("causal_lm", CausalLMBackbone, options=CausalLMOptions,
-             description="a transformers causal LM as a token policy (KV-cache sampling, full or LoRA)")
+    register(
+        "causal_lm",
+        CausalLMBackbone,
+        options=CausalLMOptions,
+        description="a transformers causal LM as a token policy (KV-cache sampling, full or LoRA)",
+    )

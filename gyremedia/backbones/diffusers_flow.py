@@ -47,19 +47,25 @@ class PipelineOptions:
     """Options every diffusers flow-matching backbone has; a backbone's options add its ``tiny`` sizes."""
 
     pretrained: str | None = option(None, check=pretrained_source, help="pipeline folder or hub id; None builds `tiny`")
-    dtype: Literal["float32", "bfloat16", "float16"] = option("float32", help="weights of the frozen parts and "
-                                                                              "the transformer")
+    dtype: Literal["float32", "bfloat16", "float16"] = option(
+        "float32", help="weights of the frozen parts and the transformer"
+    )
     max_sequence_length: int = option(256, ge=1, help="text tokens per prompt (the pipeline's max_sequence_length)")
     negative_prompt: str = option("", help="the unconditional prompt of classifier-free guidance")
     lora: LoraOptions = field(default_factory=LoraOptions)
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
     # memory: the frozen parts need not sit on the training device
-    text_encoders_on_cpu: bool = option(False, help="keep the text encoders in CPU memory: each prompt is encoded "
-                                                    "there once (cached) and its embedding moved to the device")
+    text_encoders_on_cpu: bool = option(
+        False,
+        help="keep the text encoders in CPU memory: each prompt is encoded "
+        "there once (cached) and its embedding moved to the device",
+    )
     vae_slicing: bool = option(False, help="decode one sample at a time (less peak memory)")
     vae_tiling: bool = option(False, help="decode in overlapping tiles (large images and videos)")
-    attention: Literal["sdpa", "xformers"] = option("sdpa", help="the transformer's attention kernels: torch's "
-                                                                 "scaled_dot_product_attention, or xformers (gpu extra)")
+    attention: Literal["sdpa", "xformers"] = option(
+        "sdpa",
+        help="the transformer's attention kernels: torch's scaled_dot_product_attention, or xformers (gpu extra)",
+    )
 
     def validate(self) -> None:
         import importlib.util
@@ -68,8 +74,9 @@ class PipelineOptions:
             raise OptionError("attention", "xformers is not installed: pip install 'gyremedia[gpu]', or use sdpa")
 
 
-def image_size(pipeline, height: int | None, width: int | None, multiple: int,
-               default: int | None = None) -> tuple[int, int]:
+def image_size(
+    pipeline, height: int | None, width: int | None, multiple: int, default: int | None = None
+) -> tuple[int, int]:
     """The image size in pixels: the given one, else ``default``, else the VAE's ``sample_size`` (stored in every
     pipeline folder); refused unless both are multiples of ``multiple``, which the pipelines would silently round
     down."""
@@ -100,8 +107,11 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         if options.pretrained:
             # a component saved as null (e.g. SD3 without T5) loads only when named as None
             index = pipeline_class.load_config(options.pretrained)
-            absent = {name: None for name, entry in index.items()
-                      if isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] is None}
+            absent = {
+                name: None
+                for name, entry in index.items()
+                if isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] is None
+            }
             self.pipeline = pipeline_class.from_pretrained(options.pretrained, dtype=dtype, **absent)
         else:
             self.pipeline = self.build_tiny(options)
@@ -154,8 +164,9 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         """The shape of one sample's state (the latent the sampler steps), without the batch dimension."""
         raise NotImplementedError
 
-    def transformer_inputs(self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor],
-                           guidance_scale: float) -> dict[str, Any]:
+    def transformer_inputs(
+        self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor], guidance_scale: float
+    ) -> dict[str, Any]:
         """The keyword arguments of the transformer for states ``x`` at ``timestep [B]``."""
         raise NotImplementedError
 
@@ -198,8 +209,13 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
         config = self.scheduler.config
-        mu = calculate_shift(image_tokens, config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096),
-                             config.get("base_shift", 0.5), config.get("max_shift", 1.15))
+        mu = calculate_shift(
+            image_tokens,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
         return {"sigmas": np.linspace(1.0, 1 / num_steps, num_steps), "mu": mu}
 
     def generation_arguments(self) -> dict[str, Any]:
@@ -243,11 +259,19 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         noise = torch.stack([torch.randn(self.state_shape(), generator=g) for g in generators])
         return noise.to(self.device, self.state_dtype)
 
-    def predict(self, x: torch.Tensor, sigma: torch.Tensor, conditions: dict[str, torch.Tensor],
-                guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+    def predict(
+        self,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        conditions: dict[str, torch.Tensor],
+        guidance_scale: float = 1.0,
+        *,
+        reference: bool = False,
+    ) -> torch.Tensor:
         """The velocity at states ``x`` and noise level ``sigma`` (one for the batch, or one per sample)."""
-        conditions = {k: v for k, v in conditions.items() if k != "preference"} | self.extra_conditions(conditions,
-                                                                                                         reference)
+        conditions = {k: v for k, v in conditions.items() if k != "preference"} | self.extra_conditions(
+            conditions, reference
+        )
         # in fp32 as the stock pipelines pass it (in bf16, 1000 sigma would round: 857.7 -> 856)
         timestep = self.model_timestep(sigma.float()).reshape(-1).expand(x.shape[0])
         cfg = self.uses_cfg(guidance_scale)
@@ -284,13 +308,20 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
             from peft import get_peft_model_state_dict
 
             component = self.denoiser_component  # e.g. transformer_lora_layers, unet_lora_layers
-            pipeline_class.save_lora_weights(out_dir, **{
-                f"{component}_lora_layers": get_peft_model_state_dict(self.transformer),
-                f"{component}_lora_adapter_metadata": self.transformer.peft_config["default"].to_dict()})
+            pipeline_class.save_lora_weights(
+                out_dir,
+                **{
+                    f"{component}_lora_layers": get_peft_model_state_dict(self.transformer),
+                    f"{component}_lora_adapter_metadata": self.transformer.peft_config["default"].to_dict(),
+                },
+            )
             return
         # the pipeline's own settings beside its components (e.g. FLUX.2 klein's is_distilled)
-        settings = {k: v for k, v in self.pipeline.config.items()
-                    if k in inspect.signature(pipeline_class.__init__).parameters and k not in self.pipeline.components}
+        settings = {
+            k: v
+            for k, v in self.pipeline.config.items()
+            if k in inspect.signature(pipeline_class.__init__).parameters and k not in self.pipeline.components
+        }
         parts = {**self.pipeline.components, **settings, self.denoiser_component: self.export_transformer()}
         pipeline_class(**parts).save_pretrained(out_dir)
 
@@ -306,14 +337,25 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         # components this pipeline lacks (e.g. SD3 without T5) load only when named as None
         optional = set(getattr(self.stock_pipeline_class(), "_optional_components", ()))
         absent = "".join(f", {n}=None" for n, c in self.pipeline.components.items() if c is None and n not in optional)
-        lines = ["# Trained with gyremedia", "", "```python", f"from diffusers import {name}", "",
-                 f'pipe = {name}.from_pretrained("{base if adapters_only else out_dir}"{absent})']
+        lines = [
+            "# Trained with gyremedia",
+            "",
+            "```python",
+            f"from diffusers import {name}",
+            "",
+            f'pipe = {name}.from_pretrained("{base if adapters_only else out_dir}"{absent})',
+        ]
         if adapters_only:
             lines.append(f'pipe.load_lora_weights("{out_dir}")')
-        lines += [f'output = pipe(prompt="a prompt"{arguments})', "```", "",
-                  "The arguments after the prompt are the ones it was trained with (sizes, text tokens): "
-                  "other values work, but move away from what training saw. Pass the guidance it was trained "
-                  "with too: the run's `rollout.guidance_scale` (its config.yaml).", ""]
+        lines += [
+            f'output = pipe(prompt="a prompt"{arguments})',
+            "```",
+            "",
+            "The arguments after the prompt are the ones it was trained with (sizes, text tokens): "
+            "other values work, but move away from what training saw. Pass the guidance it was trained "
+            "with too: the run's `rollout.guidance_scale` (its config.yaml).",
+            "",
+        ]
         return "\n".join(lines)
 
 

@@ -58,8 +58,9 @@ class DiffusionOptions(PipelineOptions):
     tiny: TinySDOptions = field(default_factory=TinySDOptions)
 
 
-def split_prediction(output: torch.Tensor, x: torch.Tensor, sigma: torch.Tensor,
-                     prediction_type: str) -> tuple[torch.Tensor, torch.Tensor]:
+def split_prediction(
+    output: torch.Tensor, x: torch.Tensor, sigma: torch.Tensor, prediction_type: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The noise ``eps`` and the clean sample ``x0`` a VP model's ``output`` implies at states
     ``x = alpha x0 + sigma eps``, ``alpha = sqrt(1 - sigma^2)`` (``sigma`` a scalar or ``[B]``):
 
@@ -101,8 +102,10 @@ class DiffusionBackbone(DiffusersFlowPolicy):
         super().__init__(options, context)
         config = self.scheduler.config
         if "alphas_cumprod" not in vars(self.scheduler) or config.get("prediction_type") not in PREDICTION_TYPES:
-            raise ValueError(f"backbone diffusion needs a DDIM/DDPM-style scheduler (alphas_cumprod, prediction_type "
-                             f"in {', '.join(PREDICTION_TYPES)}); this pipeline has {type(self.scheduler).__name__}")
+            raise ValueError(
+                f"backbone diffusion needs a DDIM/DDPM-style scheduler (alphas_cumprod, prediction_type "
+                f"in {', '.join(PREDICTION_TYPES)}); this pipeline has {type(self.scheduler).__name__}"
+            )
         self.prediction_type = config.prediction_type
         # sigma of every training timestep, increasing with it: the table model_timestep inverts
         self._timestep_sigmas = (1 - self.scheduler.alphas_cumprod.float()).sqrt().to(self.device)
@@ -134,16 +137,18 @@ class DiffusionBackbone(DiffusersFlowPolicy):
     # ------------------------------------------------------------------ architecture hooks
 
     def encode_prompt(self, prompt: str) -> dict[str, torch.Tensor]:
-        embeds, _ = self.pipeline.encode_prompt([prompt], device=self.encoder_device, num_images_per_prompt=1,
-                                                do_classifier_free_guidance=False)
+        embeds, _ = self.pipeline.encode_prompt(
+            [prompt], device=self.encoder_device, num_images_per_prompt=1, do_classifier_free_guidance=False
+        )
         return {"prompt_embeds": embeds[0]}
 
     def state_shape(self) -> tuple[int, ...]:
         config = self.transformer.config
         return config.in_channels, config.sample_size, config.sample_size
 
-    def transformer_inputs(self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor],
-                           guidance_scale: float) -> dict[str, torch.Tensor]:
+    def transformer_inputs(
+        self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor], guidance_scale: float
+    ) -> dict[str, torch.Tensor]:
         return {"sample": x, "timestep": timestep, "encoder_hidden_states": conditions["prompt_embeds"]}
 
     def generation_arguments(self) -> dict[str, int]:
@@ -152,8 +157,15 @@ class DiffusionBackbone(DiffusersFlowPolicy):
 
     # ------------------------------------------------------------------ predictions
 
-    def predict(self, x: torch.Tensor, sigma: torch.Tensor, conditions: dict[str, torch.Tensor],
-                guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+    def predict(
+        self,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        conditions: dict[str, torch.Tensor],
+        guidance_scale: float = 1.0,
+        *,
+        reference: bool = False,
+    ) -> torch.Tensor:
         """``v = sqrt(alpha_bar) eps - sigma x0`` at VP states ``x`` of level ``sigma = sqrt(1 - alpha_bar)``
         (classifier-free guidance combines the UNet's outputs, as the stock pipeline does; the conversion to
         ``v`` is linear, so it commutes). A v-prediction UNet's output is returned as it is."""
@@ -164,8 +176,15 @@ class DiffusionBackbone(DiffusersFlowPolicy):
         sigma = per_sample(sigma.float().reshape(-1), eps)
         return (1 - sigma**2).sqrt() * eps.float() - sigma * x0.float()
 
-    def flow_velocity(self, x: torch.Tensor, t: torch.Tensor, conditions: dict[str, torch.Tensor],
-                      guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+    def flow_velocity(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        conditions: dict[str, torch.Tensor],
+        guidance_scale: float = 1.0,
+        *,
+        reference: bool = False,
+    ) -> torch.Tensor:
         """The velocity ``eps - x0`` at flow-path states ``x = (1 - t) x0 + t eps``: the UNet on the VP state
         ``c x`` at ``sigma = c t`` (:func:`flow_to_vp`, see the module docstring)."""
         t = torch.as_tensor(t, dtype=torch.float32, device=x.device).reshape(-1)
@@ -190,8 +209,9 @@ class DiffusionXLBackbone(DiffusionBackbone):
     pipeline_class = "StableDiffusionXLPipeline"
 
     def encode_prompt(self, prompt: str) -> dict[str, torch.Tensor]:
-        embeds, _, pooled, _ = self.pipeline.encode_prompt([prompt], device=self.encoder_device, num_images_per_prompt=1,
-                                                           do_classifier_free_guidance=False)
+        embeds, _, pooled, _ = self.pipeline.encode_prompt(
+            [prompt], device=self.encoder_device, num_images_per_prompt=1, do_classifier_free_guidance=False
+        )
         return {"prompt_embeds": embeds[0], "text_embeds": pooled[0]}
 
     def negative_conditions(self, batch: int) -> dict[str, torch.Tensor]:
@@ -201,18 +221,29 @@ class DiffusionXLBackbone(DiffusionBackbone):
             return {k: torch.zeros_like(v) for k, v in conditions.items()}
         return conditions
 
-    def transformer_inputs(self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor],
-                           guidance_scale: float) -> dict[str, object]:
+    def transformer_inputs(
+        self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor], guidance_scale: float
+    ) -> dict[str, object]:
         size = self.generation_arguments()["height"]
         time_ids = torch.tensor([size, size, 0, 0, size, size], dtype=x.dtype, device=x.device).expand(x.shape[0], 6)
-        return {**super().transformer_inputs(x, timestep, conditions, guidance_scale),
-                "added_cond_kwargs": {"text_embeds": conditions["text_embeds"], "time_ids": time_ids}}
+        return {
+            **super().transformer_inputs(x, timestep, conditions, guidance_scale),
+            "added_cond_kwargs": {"text_embeds": conditions["text_embeds"], "time_ids": time_ids},
+        }
 
 
 @hookimpl
 def gyremedia_register_backbones(register):
-    register("diffusion", DiffusionBackbone, options=DiffusionOptions,
-             description="Stable Diffusion 1.x/2.x UNet text-to-image (diffusers; epsilon or v), full or LoRA")
-    register("diffusion_xl", DiffusionXLBackbone, options=DiffusionXLOptions,
-             description="SDXL UNet text-to-image (diffusers; two text encoders, pooled and size conditioning), "
-                         "full or LoRA")
+    register(
+        "diffusion",
+        DiffusionBackbone,
+        options=DiffusionOptions,
+        description="Stable Diffusion 1.x/2.x UNet text-to-image (diffusers; epsilon or v), full or LoRA",
+    )
+    register(
+        "diffusion_xl",
+        DiffusionXLBackbone,
+        options=DiffusionXLOptions,
+        description="SDXL UNet text-to-image (diffusers; two text encoders, pooled and size conditioning), "
+        "full or LoRA",
+    )

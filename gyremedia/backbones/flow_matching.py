@@ -21,8 +21,12 @@ from gyremedia.options import option
 @dataclass
 class FlowMatchingOptions(PipelineOptions):
     tiny: TinySD3Options = field(default_factory=TinySD3Options)
-    height: int | None = option(None, ge=1, help="image height in pixels; None: the transformer's sample_size times "
-                                                 "the VAE factor (SD3.5: 1024; Flow-GRPO trains SD3.5-M at 512)")
+    height: int | None = option(
+        None,
+        ge=1,
+        help="image height in pixels; None: the transformer's sample_size times "
+        "the VAE factor (SD3.5: 1024; Flow-GRPO trains SD3.5-M at 512)",
+    )
     width: int | None = option(None, ge=1, help="image width in pixels; None: as for height")
     # ParetoSlider: a trainable linear map (zero at start, so the base model is unchanged) adds a
     # reward-preference weight vector of this length to the pooled text embedding; 0 = none.
@@ -46,8 +50,13 @@ class FlowMatchingBackbone(DiffusersFlowPolicy):
     def __init__(self, options: FlowMatchingOptions, context: BuildContext) -> None:
         super().__init__(options, context)
         factor, config = self.pipeline.vae_scale_factor, self.transformer.config
-        self.height, self.width = image_size(self.pipeline, options.height, options.width, factor * config.patch_size,
-                                             default=config.sample_size * factor)
+        self.height, self.width = image_size(
+            self.pipeline,
+            options.height,
+            options.width,
+            factor * config.patch_size,
+            default=config.sample_size * factor,
+        )
         self.preference_embedder: torch.nn.Linear | None = None
         if options.preference_inputs:
             self._add_preference_embedder(options.preference_inputs)
@@ -77,8 +86,13 @@ class FlowMatchingBackbone(DiffusersFlowPolicy):
 
     def encode_prompt(self, prompt: str) -> dict[str, torch.Tensor]:
         embeds, _, pooled, _ = self.pipeline.encode_prompt(
-            prompt=[prompt], prompt_2=None, prompt_3=None, device=self.encoder_device,
-            do_classifier_free_guidance=False, max_sequence_length=self.options.max_sequence_length)
+            prompt=[prompt],
+            prompt_2=None,
+            prompt_3=None,
+            device=self.encoder_device,
+            do_classifier_free_guidance=False,
+            max_sequence_length=self.options.max_sequence_length,
+        )
         return {"prompt_embeds": embeds[0], "pooled_projections": pooled[0]}
 
     def state_shape(self) -> tuple[int, ...]:
@@ -95,10 +109,15 @@ class FlowMatchingBackbone(DiffusersFlowPolicy):
         preference = self.preference_embedder(conditions["preference"].to(pooled.dtype))
         return {"pooled_projections": pooled + self.options.preference_scale * preference}
 
-    def transformer_inputs(self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor],
-                           guidance_scale: float) -> dict[str, torch.Tensor]:
-        return {"hidden_states": x, "timestep": timestep, "encoder_hidden_states": conditions["prompt_embeds"],
-                "pooled_projections": conditions["pooled_projections"]}
+    def transformer_inputs(
+        self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor], guidance_scale: float
+    ) -> dict[str, torch.Tensor]:
+        return {
+            "hidden_states": x,
+            "timestep": timestep,
+            "encoder_hidden_states": conditions["prompt_embeds"],
+            "pooled_projections": conditions["pooled_projections"],
+        }
 
     def generation_arguments(self) -> dict[str, int]:
         arguments = {"height": self.height, "width": self.width}
@@ -120,19 +139,27 @@ class FlowMatchingBackbone(DiffusersFlowPolicy):
             super().save_pretrained(out_dir, merge_lora=merge_lora)
         finally:
             self.transformer.add_module("preference_embedder", self.preference_embedder)
-        save_file({k: v.contiguous() for k, v in self.preference_embedder.state_dict().items()},
-                  str(out_dir / PREFERENCE_FILE))
+        save_file(
+            {k: v.contiguous() for k, v in self.preference_embedder.state_dict().items()},
+            str(out_dir / PREFERENCE_FILE),
+        )
 
     def usage(self, out_dir: Path, adapters_only: bool) -> str:
         text = super().usage(out_dir, adapters_only)
         if self.preference_embedder is not None:
-            text += (f"`{PREFERENCE_FILE}` holds the preference input (ParetoSlider) this model was trained with: "
-                     f"gyremedia loads it\nwith `backbone.pretrained=<this folder> backbone.preference_inputs="
-                     f"{self.options.preference_inputs}`. Plain diffusers generates without it.\n")
+            text += (
+                f"`{PREFERENCE_FILE}` holds the preference input (ParetoSlider) this model was trained with: "
+                f"gyremedia loads it\nwith `backbone.pretrained=<this folder> backbone.preference_inputs="
+                f"{self.options.preference_inputs}`. Plain diffusers generates without it.\n"
+            )
         return text
 
 
 @hookimpl
 def gyremedia_register_backbones(register):
-    register("flow_matching", FlowMatchingBackbone, options=FlowMatchingOptions,
-             description="SD3-family rectified-flow text-to-image (diffusers), full or LoRA")
+    register(
+        "flow_matching",
+        FlowMatchingBackbone,
+        options=FlowMatchingOptions,
+        description="SD3-family rectified-flow text-to-image (diffusers), full or LoRA",
+    )

@@ -29,20 +29,38 @@ from gyremedia.options import option
 
 # The usual FLUX.1 LoRA targets (fal's trainer, Flow-Factory): every attention projection of the double-stream
 # blocks (image and text side), their feed-forwards, and the single-stream blocks' q/k/v (``attn.to_*``).
-FLUX_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
-                     "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
-                     "ff_context.net.2"]
+FLUX_LORA_TARGETS = [
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "ff.net.0.proj",
+    "ff.net.2",
+    "ff_context.net.0.proj",
+    "ff_context.net.2",
+]
 
 
 @dataclass
 class FluxOptions(PipelineOptions):
     tiny: TinyFluxOptions = field(default_factory=TinyFluxOptions)
     lora: LoraOptions = field(default_factory=lambda: LoraOptions(target_modules=list(FLUX_LORA_TARGETS)))
-    height: int | None = option(None, ge=1, help="image height in pixels; None: the VAE's sample_size (FLUX.1: "
-                                                 "1024; the tiny model: its latent size times the VAE factor)")
+    height: int | None = option(
+        None,
+        ge=1,
+        help="image height in pixels; None: the VAE's sample_size (FLUX.1: "
+        "1024; the tiny model: its latent size times the VAE factor)",
+    )
     width: int | None = option(None, ge=1, help="image width in pixels; None: as for height")
-    true_cfg_scale: float = option(1.0, ge=1.0, help="FLUX's true classifier-free guidance against "
-                                                     "negative_prompt (two forwards per step); 1 = off")
+    true_cfg_scale: float = option(
+        1.0,
+        ge=1.0,
+        help="FLUX's true classifier-free guidance against negative_prompt (two forwards per step); 1 = off",
+    )
 
 
 class FluxBackbone(DiffusersFlowPolicy):
@@ -64,8 +82,12 @@ class FluxBackbone(DiffusersFlowPolicy):
 
     def encode_prompt(self, prompt: str) -> dict[str, torch.Tensor]:
         # the pipeline's text ids are batch-free zeros: rebuilt in transformer_inputs, not a condition
-        embeds, pooled, _ = self.pipeline.encode_prompt(prompt=[prompt], prompt_2=None, device=self.encoder_device,
-                                                        max_sequence_length=self.options.max_sequence_length)
+        embeds, pooled, _ = self.pipeline.encode_prompt(
+            prompt=[prompt],
+            prompt_2=None,
+            device=self.encoder_device,
+            max_sequence_length=self.options.max_sequence_length,
+        )
         return {"prompt_embeds": embeds[0], "pooled_prompt_embeds": pooled[0]}
 
     def state_shape(self) -> tuple[int, ...]:
@@ -73,17 +95,23 @@ class FluxBackbone(DiffusersFlowPolicy):
         factor = self.pipeline.vae_scale_factor
         return self.transformer.config.in_channels // 4, self.height // factor, self.width // factor
 
-    def transformer_inputs(self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor],
-                           guidance_scale: float) -> dict[str, Any]:
+    def transformer_inputs(
+        self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor], guidance_scale: float
+    ) -> dict[str, Any]:
         batch, channels, height, width = x.shape
         pipeline = self.stock_pipeline_class()
         embeds = conditions["prompt_embeds"]
         # embedded guidance, one value per sample (fp32, as the pipeline makes it); None without the input
-        guidance = (torch.full([batch], guidance_scale, device=x.device, dtype=torch.float32)
-                    if self.transformer.config.guidance_embeds else None)
+        guidance = (
+            torch.full([batch], guidance_scale, device=x.device, dtype=torch.float32)
+            if self.transformer.config.guidance_embeds
+            else None
+        )
         return {
             "hidden_states": pipeline._pack_latents(x, batch, channels, height, width),
-            "timestep": timestep, "guidance": guidance, "encoder_hidden_states": embeds,
+            "timestep": timestep,
+            "guidance": guidance,
+            "encoder_hidden_states": embeds,
             "pooled_projections": conditions["pooled_prompt_embeds"],
             # rotary position ids [tokens, 3], shared by the batch: zeros for text, (0, row, column) for image
             "txt_ids": torch.zeros(embeds.shape[1], 3, device=x.device, dtype=x.dtype),
@@ -109,12 +137,18 @@ class FluxBackbone(DiffusersFlowPolicy):
     def generation_arguments(self) -> dict[str, Any]:
         arguments = {"height": self.height, "width": self.width, **super().generation_arguments()}
         if self.options.true_cfg_scale > 1.0:  # the pipeline's true CFG runs only given a negative prompt
-            arguments |= {"true_cfg_scale": self.options.true_cfg_scale,
-                          "negative_prompt": self.options.negative_prompt}
+            arguments |= {
+                "true_cfg_scale": self.options.true_cfg_scale,
+                "negative_prompt": self.options.negative_prompt,
+            }
         return arguments
 
 
 @hookimpl
 def gyremedia_register_backbones(register):
-    register("flux", FluxBackbone, options=FluxOptions,
-             description="FLUX.1 rectified-flow text-to-image (diffusers FluxPipeline), full or LoRA")
+    register(
+        "flux",
+        FluxBackbone,
+        options=FluxOptions,
+        description="FLUX.1 rectified-flow text-to-image (diffusers FluxPipeline), full or LoRA",
+    )

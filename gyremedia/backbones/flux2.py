@@ -40,10 +40,22 @@ MAX_SINGLE_BLOCKS = 48
 # and text side) and the single-stream blocks' fused q/k/v + MLP input. The single-stream blocks' output
 # projection ``attn.to_out`` (attention and MLP together) is added by full name: peft matches list entries as
 # name suffixes, and "attn.to_out" would also hit the double-stream blocks' ``to_out`` ModuleList (an error).
-FLUX2_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
-                      "attn.add_v_proj", "attn.to_add_out", "ff.linear_in", "ff.linear_out", "ff_context.linear_in",
-                      "ff_context.linear_out", "attn.to_qkv_mlp_proj",
-                      *(f"single_transformer_blocks.{i}.attn.to_out" for i in range(MAX_SINGLE_BLOCKS))]
+FLUX2_LORA_TARGETS = [
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "ff.linear_in",
+    "ff.linear_out",
+    "ff_context.linear_in",
+    "ff_context.linear_out",
+    "attn.to_qkv_mlp_proj",
+    *(f"single_transformer_blocks.{i}.attn.to_out" for i in range(MAX_SINGLE_BLOCKS)),
+]
 NO_NEGATIVE_PROMPT = "FLUX.2's pipelines take no negative prompt (klein's guidance is against the empty prompt)"
 
 
@@ -51,10 +63,17 @@ NO_NEGATIVE_PROMPT = "FLUX.2's pipelines take no negative prompt (klein's guidan
 class Flux2Options(PipelineOptions):
     tiny: TinyFlux2Options = field(default_factory=TinyFlux2Options)
     lora: LoraOptions = field(default_factory=lambda: LoraOptions(target_modules=list(FLUX2_LORA_TARGETS)))
-    negative_prompt: str = option("", check=lambda value: NO_NEGATIVE_PROMPT if value else None,
-                                  help="must stay empty: FLUX.2's pipelines guide against the empty prompt only")
-    height: int | None = option(None, ge=1, help="image height in pixels; None: the VAE's sample_size (FLUX.2: "
-                                                 "1024; the tiny model: its latent size times the VAE factor)")
+    negative_prompt: str = option(
+        "",
+        check=lambda value: NO_NEGATIVE_PROMPT if value else None,
+        help="must stay empty: FLUX.2's pipelines guide against the empty prompt only",
+    )
+    height: int | None = option(
+        None,
+        ge=1,
+        help="image height in pixels; None: the VAE's sample_size (FLUX.2: "
+        "1024; the tiny model: its latent size times the VAE factor)",
+    )
     width: int | None = option(None, ge=1, help="image width in pixels; None: as for height")
 
 
@@ -64,8 +83,9 @@ def folder_pipeline_class(pretrained: str) -> str:
 
     name = DiffusionPipeline.load_config(pretrained)["_class_name"]
     if name not in FLUX2_PIPELINES:
-        raise OptionError("pretrained", f"{pretrained} holds a {name}; the flux2 backbone loads "
-                                        f"{' or '.join(FLUX2_PIPELINES)}")
+        raise OptionError(
+            "pretrained", f"{pretrained} holds a {name}; the flux2 backbone loads {' or '.join(FLUX2_PIPELINES)}"
+        )
     return name
 
 
@@ -96,8 +116,9 @@ class Flux2Backbone(DiffusersFlowPolicy):
 
     def encode_prompt(self, prompt: str) -> dict[str, torch.Tensor]:
         # the text position ids are rebuilt in transformer_inputs: not a condition
-        embeds, _ = self.pipeline.encode_prompt(prompt=[prompt], device=self.encoder_device,
-                                                max_sequence_length=self.options.max_sequence_length)
+        embeds, _ = self.pipeline.encode_prompt(
+            prompt=[prompt], device=self.encoder_device, max_sequence_length=self.options.max_sequence_length
+        )
         return {"prompt_embeds": embeds[0]}
 
     def state_shape(self) -> tuple[int, ...]:
@@ -105,16 +126,22 @@ class Flux2Backbone(DiffusersFlowPolicy):
         patch = 2 * self.pipeline.vae_scale_factor
         return self.transformer.config.in_channels, self.height // patch, self.width // patch
 
-    def transformer_inputs(self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor],
-                           guidance_scale: float) -> dict[str, Any]:
+    def transformer_inputs(
+        self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor], guidance_scale: float
+    ) -> dict[str, Any]:
         pipeline = self.stock_pipeline_class()
         embeds = conditions["prompt_embeds"]
         # [dev]'s embedded guidance, one value per sample (fp32, as the pipeline makes it); klein has no input
-        guidance = (torch.full([x.shape[0]], guidance_scale, device=x.device, dtype=torch.float32)
-                    if self.transformer.config.guidance_embeds else None)
+        guidance = (
+            torch.full([x.shape[0]], guidance_scale, device=x.device, dtype=torch.float32)
+            if self.transformer.config.guidance_embeds
+            else None
+        )
         return {
             "hidden_states": pipeline._pack_latents(x),  # [B, C, h, w] -> [B, h*w, C]
-            "timestep": timestep, "guidance": guidance, "encoder_hidden_states": embeds,
+            "timestep": timestep,
+            "guidance": guidance,
+            "encoder_hidden_states": embeds,
             # rotary position ids (time, row, column, text position) [B, L, 4]: (0, 0, 0, i) for text tokens,
             # (0, row, column, 0) for image tokens
             "txt_ids": pipeline._prepare_text_ids(embeds).to(x.device),
@@ -136,8 +163,10 @@ class Flux2Backbone(DiffusersFlowPolicy):
 
         _, rows, columns = self.state_shape()
         # FLUX.2's shift, fitted on token count and step count (FLUX.1's calculate_shift uses the former only)
-        return {"sigmas": np.linspace(1.0, 1 / num_steps, num_steps),
-                "mu": compute_empirical_mu(image_seq_len=rows * columns, num_steps=num_steps)}
+        return {
+            "sigmas": np.linspace(1.0, 1 / num_steps, num_steps),
+            "mu": compute_empirical_mu(image_seq_len=rows * columns, num_steps=num_steps),
+        }
 
     def generation_arguments(self) -> dict[str, Any]:
         return {"height": self.height, "width": self.width, **super().generation_arguments()}
@@ -155,6 +184,10 @@ class Flux2Backbone(DiffusersFlowPolicy):
 
 @hookimpl
 def gyremedia_register_backbones(register):
-    register("flux2", Flux2Backbone, options=Flux2Options,
-             description="FLUX.2 [klein] (base or distilled) and [dev] rectified-flow text-to-image (diffusers "
-                         "Flux2KleinPipeline, Flux2Pipeline), full or LoRA")
+    register(
+        "flux2",
+        Flux2Backbone,
+        options=Flux2Options,
+        description="FLUX.2 [klein] (base or distilled) and [dev] rectified-flow text-to-image (diffusers "
+        "Flux2KleinPipeline, Flux2Pipeline), full or LoRA",
+    )

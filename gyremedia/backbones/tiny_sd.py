@@ -30,35 +30,48 @@ class TinySDOptions:
     latent_size: int = option(8, ge=1, help="latent height and width")
     latent_channels: int = option(4, ge=1, help="latent channels")
     vae_channels: list[int] = option(default_factory=lambda: [16, 32], ge=1, help="one downsampling per extra entry")
-    unet_channels: list[int] = option(default_factory=lambda: [16, 32], ge=1,
-                                      help="UNet block widths: one downsampling per extra entry; which blocks "
-                                           "cross-attend: `attention_blocks`")
+    unet_channels: list[int] = option(
+        default_factory=lambda: [16, 32],
+        ge=1,
+        help="UNet block widths: one downsampling per extra entry; which blocks cross-attend: `attention_blocks`",
+    )
     attention_blocks: Literal["after_first", "before_last"] = option(
-        "after_first", help="after_first: every block but the highest-resolution one cross-attends (the small "
-                            "default); before_last: every block but the lowest-resolution one, as SD 1.x (its "
-                            "attention over 64 x 64 latents at 512 pixels)")
+        "after_first",
+        help="after_first: every block but the highest-resolution one cross-attends (the small "
+        "default); before_last: every block but the lowest-resolution one, as SD 1.x (its "
+        "attention over 64 x 64 latents at 512 pixels)",
+    )
     layers_per_block: int = option(1, ge=1, help="resnet layers per UNet block")
     attention_heads: int = option(2, ge=1, help="heads of the UNet's attention layers")
     text_hidden_size: int = option(32, ge=1, help="width of the CLIP text encoder (the UNet's cross-attention width)")
     text_layers: int = option(2, ge=1, help="layers of the CLIP text encoder")
     text_max_length: int = option(16, ge=1, help="tokens per prompt")
     words: list[str] = option(default_factory=lambda: list(DEFAULT_WORDS), help="whole-word tokens")
-    prediction_type: Literal["epsilon", "v_prediction"] = option("epsilon", help="what the UNet predicts "
-                                                                                 "(the scheduler's prediction_type)")
-    zero_terminal_snr: bool = option(False, help="rescale the betas so the last timestep is pure noise and space "
-                                                 "the sampling steps from it (SD 2.x-style; needs v_prediction)")
+    prediction_type: Literal["epsilon", "v_prediction"] = option(
+        "epsilon", help="what the UNet predicts (the scheduler's prediction_type)"
+    )
+    zero_terminal_snr: bool = option(
+        False,
+        help="rescale the betas so the last timestep is pure noise and space "
+        "the sampling steps from it (SD 2.x-style; needs v_prediction)",
+    )
     seed: int = option(0, ge=0, help="seed of the random weights")
 
     def validate(self) -> None:
         if len(self.unet_channels) < 2:
-            raise OptionError("unet_channels", "give at least two widths: one block without cross-attention and one "
-                                               "with")
+            raise OptionError(
+                "unet_channels", "give at least two widths: one block without cross-attention and one with"
+            )
         if self.latent_size % 2 ** (len(self.unet_channels) - 1):
-            raise OptionError("latent_size", f"must be a multiple of {2 ** (len(self.unet_channels) - 1)} "
-                                             "(one halving per extra unet_channels entry)")
+            raise OptionError(
+                "latent_size",
+                f"must be a multiple of {2 ** (len(self.unet_channels) - 1)} "
+                "(one halving per extra unet_channels entry)",
+            )
         if self.zero_terminal_snr and self.prediction_type == "epsilon":
-            raise OptionError("zero_terminal_snr", "pure noise has no epsilon to predict: set prediction_type: "
-                                                   "v_prediction")
+            raise OptionError(
+                "zero_terminal_snr", "pure noise has no epsilon to predict: set prediction_type: v_prediction"
+            )
 
 
 @dataclass
@@ -66,8 +79,9 @@ class TinySDXLOptions(TinySDOptions):
     """The SD-1.x replica's sizes, plus the width of SDXL's size embeddings (both encoders are
     ``text_hidden_size`` wide; the second projects its pooled output to that width too)."""
 
-    time_embed_dim: int = option(8, ge=1, help="width of each of the six size numbers' embeddings "
-                                               "(the UNet's addition_time_embed_dim)")
+    time_embed_dim: int = option(
+        8, ge=1, help="width of each of the six size numbers' embeddings (the UNet's addition_time_embed_dim)"
+    )
 
 
 def sd_scheduler(prediction_type: str = "epsilon", zero_terminal_snr: bool = False):
@@ -79,8 +93,16 @@ def sd_scheduler(prediction_type: str = "epsilon", zero_terminal_snr: bool = Fal
     from diffusers import DDIMScheduler
 
     spacing = {"rescale_betas_zero_snr": True, "timestep_spacing": "trailing"} if zero_terminal_snr else {}
-    return DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                         set_alpha_to_one=False, steps_offset=1, prediction_type=prediction_type, **spacing)
+    return DDIMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+        prediction_type=prediction_type,
+        **spacing,
+    )
 
 
 DOWN_TO_UP = {"DownBlock2D": "UpBlock2D", "CrossAttnDownBlock2D": "CrossAttnUpBlock2D"}
@@ -93,17 +115,24 @@ def build_tiny_sd_unet(options: TinySDOptions):
 
     levels = len(options.unet_channels)
     attending = ["CrossAttnDownBlock2D"] * (levels - 1)
-    down = (["DownBlock2D", *attending] if options.attention_blocks == "after_first"
-            else [*attending, "DownBlock2D"])
+    down = ["DownBlock2D", *attending] if options.attention_blocks == "after_first" else [*attending, "DownBlock2D"]
     width, xl = options.text_hidden_size, isinstance(options, TinySDXLOptions)
-    extra = dict(addition_embed_type="text_time", addition_time_embed_dim=options.time_embed_dim,
-                 projection_class_embeddings_input_dim=6 * options.time_embed_dim + width) if xl else {}
+    extra = (
+        dict(
+            addition_embed_type="text_time",
+            addition_time_embed_dim=options.time_embed_dim,
+            projection_class_embeddings_input_dim=6 * options.time_embed_dim + width,
+        )
+        if xl
+        else {}
+    )
     return UNet2DConditionModel(
         sample_size=options.latent_size,
         in_channels=options.latent_channels,
         out_channels=options.latent_channels,
         block_out_channels=list(options.unet_channels),
-        down_block_types=down, up_block_types=[DOWN_TO_UP[block] for block in reversed(down)],
+        down_block_types=down,
+        up_block_types=[DOWN_TO_UP[block] for block in reversed(down)],
         layers_per_block=options.layers_per_block,
         cross_attention_dim=2 * width if xl else width,
         attention_head_dim=options.attention_heads,
@@ -123,11 +152,17 @@ def build_tiny_sd_pipeline(options: TinySDOptions, vae=None):
         torch.manual_seed(options.seed)
         tokenizer = build_clip_tokenizer(options.words, options.text_max_length)
         text_config = CLIPTextConfig(
-            vocab_size=len(tokenizer), hidden_size=options.text_hidden_size,
-            intermediate_size=options.text_hidden_size * 2, num_attention_heads=2,
-            num_hidden_layers=options.text_layers, max_position_embeddings=options.text_max_length,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, projection_dim=options.text_hidden_size)
+            vocab_size=len(tokenizer),
+            hidden_size=options.text_hidden_size,
+            intermediate_size=options.text_hidden_size * 2,
+            num_attention_heads=2,
+            num_hidden_layers=options.text_layers,
+            max_position_embeddings=options.text_max_length,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            projection_dim=options.text_hidden_size,
+        )
         text_encoder = CLIPTextModel(text_config)
         text_encoder_2 = CLIPTextModelWithProjection(text_config) if xl else None
         unet = build_tiny_sd_unet(options)
@@ -138,10 +173,24 @@ def build_tiny_sd_pipeline(options: TinySDOptions, vae=None):
             part.eval()
     scheduler = sd_scheduler(options.prediction_type, options.zero_terminal_snr)
     if xl:
-        return StableDiffusionXLPipeline(vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
-                                         tokenizer=tokenizer, tokenizer_2=build_clip_tokenizer(options.words,
-                                                                                               options.text_max_length),
-                                         unet=unet, scheduler=scheduler, add_watermarker=False)
-    return StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
-                                   scheduler=scheduler, safety_checker=None, feature_extractor=None,
-                                   image_encoder=None, requires_safety_checker=False)
+        return StableDiffusionXLPipeline(
+            vae=vae,
+            text_encoder=text_encoder,
+            text_encoder_2=text_encoder_2,
+            tokenizer=tokenizer,
+            tokenizer_2=build_clip_tokenizer(options.words, options.text_max_length),
+            unet=unet,
+            scheduler=scheduler,
+            add_watermarker=False,
+        )
+    return StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        image_encoder=None,
+        requires_safety_checker=False,
+    )

@@ -44,7 +44,9 @@ class TinySD3Options:
 
 def _byte_alphabet() -> list[str]:
     """GPT-2/CLIP byte-level BPE alphabet: one printable character per byte value."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     codes, extra = printable[:], 0
     for byte in range(256):
         if byte not in printable:
@@ -103,14 +105,22 @@ def build_t5_tokenizer(words: list[str], max_length: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import T5TokenizerFast
 
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(f"▁{w}", -1.0) for w in sorted({w.lower() for w in words})]
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [
+        (f"▁{w}", -1.0) for w in sorted({w.lower() for w in words})
+    ]
     tokenizer = Tokenizer(models.Unigram(pieces, unk_id=2))
     tokenizer.normalizer = None
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
     tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    return T5TokenizerFast(tokenizer_object=tokenizer, eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
-                           extra_ids=0, model_max_length=max_length)
+    return T5TokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        extra_ids=0,
+        model_max_length=max_length,
+    )
 
 
 def build_silent_t5(words: list[str], width: int, max_length: int):
@@ -123,8 +133,16 @@ def build_silent_t5(words: list[str], width: int, max_length: int):
     from transformers import T5Config, T5EncoderModel
 
     tokenizer = build_t5_tokenizer(words, max_length)
-    config = T5Config(vocab_size=len(tokenizer), d_model=width, d_kv=8, d_ff=width, num_layers=1, num_heads=2,
-                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = T5Config(
+        vocab_size=len(tokenizer),
+        d_model=width,
+        d_kv=8,
+        d_ff=width,
+        num_layers=1,
+        num_heads=2,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     encoder = T5EncoderModel(config)
     torch.nn.init.zeros_(encoder.encoder.final_layer_norm.weight)
     return encoder, tokenizer
@@ -136,13 +154,19 @@ def build_tiny_vae(vae_channels: list[int], latent_channels: int, latent_size: i
     from diffusers import AutoencoderKL
 
     return AutoencoderKL(
-        in_channels=3, out_channels=3,
+        in_channels=3,
+        out_channels=3,
         down_block_types=["DownEncoderBlock2D"] * len(vae_channels),
         up_block_types=["UpDecoderBlock2D"] * len(vae_channels),
-        block_out_channels=list(vae_channels), latent_channels=latent_channels,
-        layers_per_block=1, norm_num_groups=min(8, vae_channels[0]),
+        block_out_channels=list(vae_channels),
+        latent_channels=latent_channels,
+        layers_per_block=1,
+        norm_num_groups=min(8, vae_channels[0]),
         sample_size=latent_size * 2 ** (len(vae_channels) - 1),
-        use_quant_conv=False, use_post_quant_conv=False, **config)
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        **config,
+    )
 
 
 def build_tiny_sd3_pipeline(options: TinySD3Options):
@@ -168,8 +192,9 @@ def build_tiny_sd3_pipeline(options: TinySD3Options):
         )
         text_encoder = CLIPTextModelWithProjection(text_config)
         text_encoder_2 = CLIPTextModelWithProjection(text_config)
-        vae = build_tiny_vae(options.vae_channels, options.latent_channels, options.latent_size,
-                             shift_factor=0.0, scaling_factor=1.0)
+        vae = build_tiny_vae(
+            options.vae_channels, options.latent_channels, options.latent_size, shift_factor=0.0, scaling_factor=1.0
+        )
         transformer = SD3Transformer2DModel(
             sample_size=options.latent_size,
             patch_size=options.patch_size,
@@ -185,8 +210,11 @@ def build_tiny_sd3_pipeline(options: TinySD3Options):
             qk_norm="rms_norm",
         )
         # built last, so it draws no random number the other parts would have drawn
-        text_encoder_3, tokenizer_3 = (build_silent_t5(options.words, 2 * options.text_hidden_size,
-                                                       options.text_max_length) if options.t5 else (None, None))
+        text_encoder_3, tokenizer_3 = (
+            build_silent_t5(options.words, 2 * options.text_hidden_size, options.text_max_length)
+            if options.t5
+            else (None, None)
+        )
     scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0)
     return StableDiffusion3Pipeline(
         transformer=transformer,
@@ -211,7 +239,8 @@ def add_silent_t5(folder: str, words: list[str], seed: int = 0) -> None:
     pipeline = StableDiffusion3Pipeline.from_pretrained(folder, text_encoder_3=None, tokenizer_3=None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        encoder, tokenizer = build_silent_t5(words, pipeline.transformer.config.joint_attention_dim,
-                                             pipeline.tokenizer.model_max_length)
+        encoder, tokenizer = build_silent_t5(
+            words, pipeline.transformer.config.joint_attention_dim, pipeline.tokenizer.model_max_length
+        )
     pipeline.register_modules(text_encoder_3=encoder, tokenizer_3=tokenizer)
     pipeline.save_pretrained(folder)

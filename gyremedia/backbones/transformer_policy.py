@@ -23,8 +23,9 @@ class LoraOptions:
     enabled: bool = option(False, help="train LoRA adapters instead of the full model")
     rank: int = option(8, ge=1, help="adapter rank")
     alpha: float = option(16.0, gt=0, help="adapter scale numerator (the scale is alpha / rank)")
-    target_modules: list[str] = option(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"],
-                                       help="module names the adapters wrap")
+    target_modules: list[str] = option(
+        default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"], help="module names the adapters wrap"
+    )
 
     def validate(self) -> None:
         if self.enabled and not self.target_modules:
@@ -61,8 +62,15 @@ class TransformerPolicy:
             from peft import LoraConfig
 
             self.transformer.requires_grad_(False)
-            add_adapters(self.transformer, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, init_lora_weights="gaussian",
-                                                      target_modules=list(lora.target_modules)))
+            add_adapters(
+                self.transformer,
+                LoraConfig(
+                    r=lora.rank,
+                    lora_alpha=lora.alpha,
+                    init_lora_weights="gaussian",
+                    target_modules=list(lora.target_modules),
+                ),
+            )
         if gradient_checkpointing:  # diffusers' name, then transformers'
             enable = getattr(self.transformer, "enable_gradient_checkpointing", None)
             (enable or self.transformer.gradient_checkpointing_enable)()
@@ -102,8 +110,9 @@ class TransformerPolicy:
         from gyremedia import sharding
 
         if self._extra_trainable():
-            raise ValueError(f"{', '.join(self._extra_trainable())} cannot be trained sharded yet: "
-                             "use train.sharding=none")
+            raise ValueError(
+                f"{', '.join(self._extra_trainable())} cannot be trained sharded yet: use train.sharding=none"
+            )
         units = sharding.shard(self.transformer)
         if self._reference_transformer is not None:
             sharding.shard(self._reference_transformer)
@@ -118,7 +127,9 @@ class TransformerPolicy:
         if not self._sharded:
             return
         adapters = self.transformer.peft_config["default"] if self.lora_enabled else None
-        whole = sharding.unsharded_copy(self.transformer, prepare=(lambda m: add_adapters(m, adapters)) if adapters else None)
+        whole = sharding.unsharded_copy(
+            self.transformer, prepare=(lambda m: add_adapters(m, adapters)) if adapters else None
+        )
         if whole is not None:
             self.transformer = self._training_module = whole
             self._sharded = False
@@ -153,7 +164,7 @@ class TransformerPolicy:
 
         for name, module in self._extra_trainable().items():
             prefix = f"{name}."
-            module.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+            module.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
             state = {k: v for k, v in state.items() if not k.startswith(prefix)}
         result = set_peft_model_state_dict(self.transformer, state)
         if getattr(result, "unexpected_keys", None):
@@ -213,7 +224,9 @@ def cast_weights(model: torch.nn.Module, dtype: torch.dtype) -> None:
                     # a new tensor, not ``.data`` swapped under it: a buffer made as a view (SD3's positional
                     # embedding) would keep a base of the old dtype, which torch.compile refuses
                     new = tensor.detach().to(target)
-                    replacement = torch.nn.Parameter(new, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else new
+                    replacement = (
+                        torch.nn.Parameter(new, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else new
+                    )
                 cast[id(tensor)] = (tensor, replacement)
             if cast[id(tensor)][1] is not tensor:
                 setattr(module, name, cast[id(tensor)][1])

@@ -42,8 +42,9 @@ class TinyWanOptions:
     ffn_dim: int = option(32, ge=1, help="feed-forward width")
     text_hidden_size: int = option(32, ge=1, help="width of the UMT5 text encoder")
     text_layers: int = option(1, ge=1, help="layers of the UMT5 text encoder")
-    text_max_length: int = option(16, ge=1, help="the tokenizer's model_max_length (the pipeline pads to "
-                                                 "max_sequence_length anyway)")
+    text_max_length: int = option(
+        16, ge=1, help="the tokenizer's model_max_length (the pipeline pads to max_sequence_length anyway)"
+    )
     words: list[str] = option(default_factory=lambda: list(DEFAULT_WORDS), help="whole-word tokens")
     shift: float = option(3.0, gt=0, help="the scheduler's sigma shift (Wan 2.1 480p: 3, 720p: 5)")
     seed: int = option(0, ge=0, help="seed of the random weights")
@@ -67,8 +68,10 @@ class WanOptions(PipelineOptions):
     def validate(self) -> None:
         super().validate()
         if self.num_frames % TEMPORAL_FACTOR != 1:
-            raise OptionError("num_frames", f"must be 1 + {TEMPORAL_FACTOR}k (the VAE compresses time "
-                                            f"{TEMPORAL_FACTOR}x), e.g. 5, 17, 81")
+            raise OptionError(
+                "num_frames",
+                f"must be 1 + {TEMPORAL_FACTOR}k (the VAE compresses time {TEMPORAL_FACTOR}x), e.g. 5, 17, 81",
+            )
         for name in ("height", "width"):
             if getattr(self, name) % MIN_SPATIAL_FACTOR:
                 raise OptionError(name, f"must be a multiple of {MIN_SPATIAL_FACTOR}")
@@ -83,27 +86,57 @@ def build_tiny_wan_pipeline(options: TinyWanOptions):
     with torch.random.fork_rng(devices=[]):  # everything is built on the CPU
         torch.manual_seed(options.seed)
         tokenizer = build_t5_tokenizer(options.words, options.text_max_length)
-        text_encoder = UMT5EncoderModel(UMT5Config(
-            vocab_size=len(tokenizer), d_model=options.text_hidden_size, d_kv=8, d_ff=options.text_hidden_size,
-            num_layers=options.text_layers, num_heads=2, relative_attention_num_buckets=8,
-            relative_attention_max_distance=16, feed_forward_proj="gated-gelu", pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=0))
+        text_encoder = UMT5EncoderModel(
+            UMT5Config(
+                vocab_size=len(tokenizer),
+                d_model=options.text_hidden_size,
+                d_kv=8,
+                d_ff=options.text_hidden_size,
+                num_layers=options.text_layers,
+                num_heads=2,
+                relative_attention_num_buckets=8,
+                relative_attention_max_distance=16,
+                feed_forward_proj="gated-gelu",
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                decoder_start_token_id=0,
+            )
+        )
         z = options.latent_channels
         # per-channel latent statistics away from 0 and 1, so decoding exercises the pipeline's normalisation
         latents_mean = (0.2 * torch.randn(z)).tolist()
         latents_std = (0.5 + torch.rand(z)).tolist()
-        vae = AutoencoderKLWan(base_dim=options.vae_base_dim, z_dim=z, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                               temperal_downsample=[False, True, True], latents_mean=latents_mean,
-                               latents_std=latents_std)
+        vae = AutoencoderKLWan(
+            base_dim=options.vae_base_dim,
+            z_dim=z,
+            dim_mult=[1, 1, 1, 1],
+            num_res_blocks=1,
+            temperal_downsample=[False, True, True],
+            latents_mean=latents_mean,
+            latents_std=latents_std,
+        )
         transformer = WanTransformer3DModel(
-            patch_size=(1, 2, 2), num_attention_heads=options.num_attention_heads,
-            attention_head_dim=options.attention_head_dim, in_channels=z, out_channels=z,
-            text_dim=options.text_hidden_size, freq_dim=32, ffn_dim=options.ffn_dim, num_layers=options.num_layers,
-            cross_attn_norm=True, qk_norm="rms_norm_across_heads")
+            patch_size=(1, 2, 2),
+            num_attention_heads=options.num_attention_heads,
+            attention_head_dim=options.attention_head_dim,
+            in_channels=z,
+            out_channels=z,
+            text_dim=options.text_hidden_size,
+            freq_dim=32,
+            ffn_dim=options.ffn_dim,
+            num_layers=options.num_layers,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+        )
     for part in (text_encoder, vae, transformer):
         part.eval()
-    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
-                       scheduler=FlowMatchEulerDiscreteScheduler(shift=options.shift))
+    return WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        vae=vae,
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=options.shift),
+    )
 
 
 class WanBackbone(DiffusersFlowPolicy):
@@ -128,9 +161,11 @@ class WanBackbone(DiffusersFlowPolicy):
         index = self.stock_pipeline_class().load_config(pretrained)
         expert = index.get("transformer_2")
         if isinstance(expert, (list, tuple)) and expert and expert[0] is not None:
-            raise ValueError(f"{pretrained} is a Wan 2.2 A14B expert pair (transformer + transformer_2, boundary_ratio "
-                             f"{index.get('boundary_ratio')}): expert pairs are not supported yet; single-transformer "
-                             "Wan 2.1 and Wan 2.2 TI2V-5B folders are")
+            raise ValueError(
+                f"{pretrained} is a Wan 2.2 A14B expert pair (transformer + transformer_2, boundary_ratio "
+                f"{index.get('boundary_ratio')}): expert pairs are not supported yet; single-transformer "
+                "Wan 2.1 and Wan 2.2 TI2V-5B folders are"
+            )
 
     def _use_euler_scheduler(self) -> float | None:
         """Replace a stock Wan folder's UniPC multistep solver by Euler steps with the same sigma shift.
@@ -145,8 +180,10 @@ class WanBackbone(DiffusersFlowPolicy):
             return None
         config = scheduler.config
         if type(scheduler).__name__ != "UniPCMultistepScheduler" or config.get("prediction_type") != "flow_prediction":
-            raise ValueError(f"scheduler {type(scheduler).__name__} is not supported: expected "
-                             "FlowMatchEulerDiscreteScheduler or Wan's flow-prediction UniPCMultistepScheduler")
+            raise ValueError(
+                f"scheduler {type(scheduler).__name__} is not supported: expected "
+                "FlowMatchEulerDiscreteScheduler or Wan's flow-prediction UniPCMultistepScheduler"
+            )
         # from_config would read UniPC's `flow_shift` as nothing and keep shift=1: name it explicitly
         euler = FlowMatchEulerDiscreteScheduler(shift=config.flow_shift, num_train_timesteps=config.num_train_timesteps)
         self.pipeline.scheduler = self.scheduler = euler  # the pipeline's setter also updates its model_index entry
@@ -164,19 +201,27 @@ class WanBackbone(DiffusersFlowPolicy):
 
     def encode_prompt(self, prompt: str) -> dict[str, torch.Tensor]:
         # [L, text_dim]: the pipeline cuts the encoder's output at the prompt's length and zero-pads it to L
-        embeds, _ = self.pipeline.encode_prompt(prompt=[prompt], do_classifier_free_guidance=False,
-                                                max_sequence_length=self.options.max_sequence_length,
-                                                device=self.encoder_device)
+        embeds, _ = self.pipeline.encode_prompt(
+            prompt=[prompt],
+            do_classifier_free_guidance=False,
+            max_sequence_length=self.options.max_sequence_length,
+            device=self.encoder_device,
+        )
         return {"prompt_embeds": embeds[0]}
 
     def state_shape(self) -> tuple[int, ...]:
         frames = (self.options.num_frames - 1) // self.pipeline.vae_scale_factor_temporal + 1
         spatial = self.pipeline.vae_scale_factor_spatial
-        return (self.transformer.config.in_channels, frames, self.options.height // spatial,
-                self.options.width // spatial)
+        return (
+            self.transformer.config.in_channels,
+            frames,
+            self.options.height // spatial,
+            self.options.width // spatial,
+        )
 
-    def transformer_inputs(self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor],
-                           guidance_scale: float) -> dict[str, Any]:
+    def transformer_inputs(
+        self, x: torch.Tensor, timestep: torch.Tensor, conditions: dict[str, torch.Tensor], guidance_scale: float
+    ) -> dict[str, Any]:
         if self.pipeline.config.expand_timesteps:
             # Wan 2.2 TI2V-5B: one timestep per latent token, [B, tokens]
             p_t, p_h, p_w = self.transformer.config.patch_size
@@ -186,9 +231,13 @@ class WanBackbone(DiffusersFlowPolicy):
 
     def generation_arguments(self) -> dict[str, Any]:
         # max_sequence_length always: the pipeline's __call__ defaults to 512, its encode_prompt to 226
-        return {"num_frames": self.options.num_frames, "height": self.options.height, "width": self.options.width,
-                "max_sequence_length": self.options.max_sequence_length,
-                "negative_prompt": self.options.negative_prompt}
+        return {
+            "num_frames": self.options.num_frames,
+            "height": self.options.height,
+            "width": self.options.width,
+            "max_sequence_length": self.options.max_sequence_length,
+            "negative_prompt": self.options.negative_prompt,
+        }
 
     @torch.no_grad()
     def decode(self, final: torch.Tensor) -> Media:
@@ -209,16 +258,24 @@ class WanBackbone(DiffusersFlowPolicy):
             return text
         shift = self._unipc_shift
         if adapters_only:
-            return text + ("\nThe base checkpoint ships UniPCMultistepScheduler; this model was trained with Euler "
-                           f"steps at its flow_shift={shift}. Sample with those:\n\n```python\n"
-                           "from diffusers import FlowMatchEulerDiscreteScheduler\n\n"
-                           f"pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift={shift})\n```\n")
-        return text + (f"\nThe folder's scheduler is FlowMatchEulerDiscreteScheduler(shift={shift}), the Euler steps "
-                       f"this model was trained with, in place of the base checkpoint's UniPCMultistepScheduler "
-                       f"(flow_shift={shift}).\n")
+            return text + (
+                "\nThe base checkpoint ships UniPCMultistepScheduler; this model was trained with Euler "
+                f"steps at its flow_shift={shift}. Sample with those:\n\n```python\n"
+                "from diffusers import FlowMatchEulerDiscreteScheduler\n\n"
+                f"pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift={shift})\n```\n"
+            )
+        return text + (
+            f"\nThe folder's scheduler is FlowMatchEulerDiscreteScheduler(shift={shift}), the Euler steps "
+            f"this model was trained with, in place of the base checkpoint's UniPCMultistepScheduler "
+            f"(flow_shift={shift}).\n"
+        )
 
 
 @hookimpl
 def gyremedia_register_backbones(register):
-    register("wan", WanBackbone, options=WanOptions,
-             description="Wan 2.1-family rectified-flow text-to-video (diffusers WanPipeline), full or LoRA")
+    register(
+        "wan",
+        WanBackbone,
+        options=WanOptions,
+        description="Wan 2.1-family rectified-flow text-to-video (diffusers WanPipeline), full or LoRA",
+    )

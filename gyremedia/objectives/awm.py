@@ -73,7 +73,15 @@ class VGRPOObjective(AWMObjective):
 
 @hookimpl
 def gyremedia_register_objectives(register):
-    register("awm", AWMObjective, options=AWMOptions,
-             description="advantage-weighted matching: the flow-matching loss weighted by the advantage; any sampler")
-    register("vgrpo", VGRPOObjective, options=VGRPOOptions,
-             description="V-GRPO: clipped GRPO ratio of ELBO surrogates, noise shared within groups; any sampler")
+    register(
+        "awm",
+        AWMObjective,
+        options=AWMOptions,
+        description="advantage-weighted matching: the flow-matching loss weighted by the advantage; any sampler",
+    )
+    register(
+        "vgrpo",
+        VGRPOObjective,
+        options=VGRPOOptions,
+        description="V-GRPO: clipped GRPO ratio of ELBO surrogates, noise shared within groups; any sampler",
+    )

@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 
 
-def clipped_ratio_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float,
-                       eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+def clipped_ratio_loss(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-element clipped surrogate loss and the ratio ``exp(log_ratio)``; ``advantages`` broadcast."""
     ratio = torch.exp(log_ratio)
     loss = -torch.minimum(ratio * advantages, ratio.clamp(1 - eps_low, 1 + eps_high) * advantages)

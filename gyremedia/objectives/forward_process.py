@@ -51,15 +51,19 @@ def stratified_levels(seed: int, step: int, micro_steps: int, keys: list[int], l
     return levels
 
 
-def renoising_draws(x0: torch.Tensor, levels: np.ndarray, seed: int, step: int,
-                    keys: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def renoising_draws(
+    x0: torch.Tensor, levels: np.ndarray, seed: int, step: int, keys: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The levels ``[M, B]`` and noise ``[M, B, ...]`` of a minibatch's ``M`` micro-steps, on ``x0``'s device. The
     noise of micro-step ``m`` depends only on ``(seed, step, m, key)`` (the same on any number of processes). Drawn
     on the CPU and copied over once for all micro-steps: each copy to an accelerator makes the host wait for it."""
-    noise = torch.stack([draw_noise(x0.shape[1:], sample_generators(seed, step, (Stream.RENOISE, micro_step), keys))
-                         for micro_step in range(len(levels))])
-    return (torch.as_tensor(levels, dtype=torch.float32, device=x0.device),
-            noise.to(device=x0.device, dtype=x0.dtype))
+    noise = torch.stack(
+        [
+            draw_noise(x0.shape[1:], sample_generators(seed, step, (Stream.RENOISE, micro_step), keys))
+            for micro_step in range(len(levels))
+        ]
+    )
+    return (torch.as_tensor(levels, dtype=torch.float32, device=x0.device), noise.to(device=x0.device, dtype=x0.dtype))
 
 
 def noised_batch(x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> NoisedBatch:
@@ -150,13 +154,15 @@ class ForwardProcessOptions:
     """Options every forward-process objective shares."""
 
     adv_clip_max: float = option(5.0, gt=0, help="advantages are clipped to [-adv_clip_max, adv_clip_max]")
-    old_policy_decay: float = option(0.0, ge=0, lt=1, help="EMA decay of the old policy per step; 0 = the policy "
-                                                           "that sampled")
+    old_policy_decay: float = option(
+        0.0, ge=0, lt=1, help="EMA decay of the old policy per step; 0 = the policy that sampled"
+    )
     timesteps: int = option(2, ge=1, help="re-noised levels per sample per step (one micro-step each, stratified)")
     t_min: float = option(0.0, ge=0, le=1, help="noise levels are drawn in [t_min, t_max]")
     t_max: float = option(1.0, ge=0, le=1, help="noise levels are drawn in [t_min, t_max]")
-    kl_beta: float = option(0.0, ge=0, help="weight of ||v - v_ref||^2 to the reference policy (selects the "
-                                            "velocity_kl regularizer)")
+    kl_beta: float = option(
+        0.0, ge=0, help="weight of ||v - v_ref||^2 to the reference policy (selects the velocity_kl regularizer)"
+    )
     # The members of a group get the same noise levels and noise (V-GRPO's variance reduction: their
     # losses then differ by the samples alone).
     shared_in_group: bool = option(False, help="a group's members share noise levels and noise")
@@ -231,13 +237,29 @@ class ForwardProcessObjective:
     def clipped_advantages(self, rollout: Rollout) -> torch.Tensor:
         return rollout.advantages.clamp(-self.options.adv_clip_max, self.options.adv_clip_max)
 
-    def output(self, ctx, rollout: Rollout, batch: NoisedBatch, v: torch.Tensor, policy_loss: torch.Tensor,
-               metrics: dict[str, torch.Tensor]) -> LossOutput:
+    def output(
+        self,
+        ctx,
+        rollout: Rollout,
+        batch: NoisedBatch,
+        v: torch.Tensor,
+        policy_loss: torch.Tensor,
+        metrics: dict[str, torch.Tensor],
+    ) -> LossOutput:
         """The micro-step's result: the policy loss, its metrics, and the outputs regularizers read."""
         metrics["policy_loss"] = policy_loss.detach()
         # "flow_path": the output is the policy's flow_velocity at flow-path states (regularizers compare likewise)
-        return LossOutput(loss=policy_loss, metrics=metrics, outputs={"model_output": v, "sigma": batch.t, "state": batch.xt,
-                                                               "conditions": rollout.conditions, "flow_path": True})
+        return LossOutput(
+            loss=policy_loss,
+            metrics=metrics,
+            outputs={
+                "model_output": v,
+                "sigma": batch.t,
+                "state": batch.xt,
+                "conditions": rollout.conditions,
+                "flow_path": True,
+            },
+        )
 
     @hookimpl
     def gyremedia_on_step_end(self, state, metrics) -> None:

@@ -29,22 +29,32 @@ from gyremedia.streams import Stream, stream_rng
 
 @dataclass
 class GRPOOptions:
-    clip_range: float = option(1e-4, gt=0, help="PPO clip eps of the ratio; Flow-GRPO's 1e-4 is tiny because "
-                                               "log-probs average over dimensions")
+    clip_range: float = option(
+        1e-4, gt=0, help="PPO clip eps of the ratio; Flow-GRPO's 1e-4 is tiny because log-probs average over dimensions"
+    )
     adv_clip_max: float = option(5.0, gt=0, help="advantages are clipped to [-adv_clip_max, adv_clip_max]")
-    kl_beta: float = option(0.0, ge=0, help="weight of the KL to the reference policy (selects the gaussian_kl "
-                                            "regularizer); 0 keeps no reference")
-    timestep_fraction: float = option(1.0, gt=0, le=1, help="share of each trajectory's stochastic transitions "
-                                                          "trained per step")
+    kl_beta: float = option(
+        0.0,
+        ge=0,
+        help="weight of the KL to the reference policy (selects the gaussian_kl regularizer); 0 keeps no reference",
+    )
+    timestep_fraction: float = option(
+        1.0, gt=0, le=1, help="share of each trajectory's stochastic transitions trained per step"
+    )
     # Which ones: Flow-GRPO trains the first floor(N f), the noisiest; its log-prob divides by the step variance,
     # which is small late in the trajectory, so late picks give larger, noisier gradients. Why `first` is the
     # default: docs/benchmarks.md, "Defaults and why".
     transition_selection: Literal["random", "first", "stratified", "window"] = option(
-        "first", help="first: the first floor(N f) (Flow-GRPO); random: round(N f) drawn each step; stratified: one "
-                      "from each of round(N f) equal strata; window: round(N f) consecutive ones at a random start")
-    skip_zero_advantage: bool = option(False, help="leave samples whose advantage is exactly 0 (a group whose rewards "
-                                                   "all tie) out of the loss, as Flow-GRPO does: they add no policy "
-                                                   "gradient, only replay cost and a smaller mean")
+        "first",
+        help="first: the first floor(N f) (Flow-GRPO); random: round(N f) drawn each step; stratified: one "
+        "from each of round(N f) equal strata; window: round(N f) consecutive ones at a random start",
+    )
+    skip_zero_advantage: bool = option(
+        False,
+        help="leave samples whose advantage is exactly 0 (a group whose rewards "
+        "all tie) out of the loss, as Flow-GRPO does: they add no policy "
+        "gradient, only replay cost and a smaller mean",
+    )
 
 
 @dataclass
@@ -85,7 +95,9 @@ class GRPOObjective:
     def select_transitions(self, trainable: list[int], step: int) -> list[int]:
         """The ``transition_selection`` subset of the ``trainable`` transitions for step ``step``."""
         how, fraction = self.options.transition_selection, self.options.timestep_fraction
-        count = max(1, math.floor(len(trainable) * fraction + 1e-9) if how == "first" else round(len(trainable) * fraction))
+        count = max(
+            1, math.floor(len(trainable) * fraction + 1e-9) if how == "first" else round(len(trainable) * fraction)
+        )
         if count >= len(trainable):
             return trainable
         if how == "first":
@@ -93,7 +105,7 @@ class GRPOObjective:
         rng = stream_rng(self.seed, step, Stream.TRANSITION_SELECTION)
         if how == "window":
             start = int(rng.integers(len(trainable) - count + 1))
-            return trainable[start:start + count]
+            return trainable[start : start + count]
         if how == "stratified":
             edges = [round(k * len(trainable) / count) for k in range(count + 1)]
             return [trainable[int(rng.integers(lo, hi))] for lo, hi in zip(edges[:-1], edges[1:])]
@@ -122,8 +134,9 @@ class GRPOObjective:
         cached = self._trained
         if cached is None or cached.rollout is not rollout or cached.found_from is not rollout.advantages:
             rows, advantages = self.informative_rows(None, rollout.advantages)
-            cached = self._trained = TrainedRows(rollout, rollout.advantages, rows, advantages,
-                                                 rollout if rows is None else rollout.select(rows))
+            cached = self._trained = TrainedRows(
+                rollout, rollout.advantages, rows, advantages, rollout if rows is None else rollout.select(rows)
+            )
         return cached.rows, cached.advantages
 
     def trained_samples(self, rollout: Rollout, rows: torch.Tensor | None) -> Rollout:
@@ -133,8 +146,9 @@ class GRPOObjective:
             return cached.samples
         return rollout if rows is None else rollout.select(rows)
 
-    def informative_rows(self, rows: torch.Tensor | None,
-                         advantages: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def informative_rows(
+        self, rows: torch.Tensor | None, advantages: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """``rows`` (``None``: all) and their ``advantages`` without the zero-advantage ones when
         ``skip_zero_advantage`` is set. If every advantage is 0 all rows stay: the policy loss is then exactly
         0 and every process still runs the same forward and backward."""
@@ -145,8 +159,9 @@ class GRPOObjective:
             return rows, advantages
         return (kept if rows is None else rows.to(kept.device)[kept]), advantages[kept]
 
-    def replay(self, ctx: ObjectiveContext, rollout: Rollout, index: int, rows: torch.Tensor | None,
-               samples: Rollout) -> tuple[Transition, torch.Tensor]:
+    def replay(
+        self, ctx: ObjectiveContext, rollout: Rollout, index: int, rows: torch.Tensor | None, samples: Rollout
+    ) -> tuple[Transition, torch.Tensor]:
         """Transition ``index`` of the trained rows (``samples``: ``rollout``'s at ``rows``) under the current policy,
         and the model output it used."""
         return replay_transition(ctx, samples, index)
@@ -168,13 +183,23 @@ class GRPOObjective:
             "clip_fraction": clipped(ratio, eps, eps).float().mean(),
             "approx_kl": 0.5 * (log_ratio.detach() ** 2).mean(),
         }
-        outputs = {"index": micro_step, "model_output": output, "transition": transition,
-                   "state": samples.states[:, micro_step], "sigma": samples.sigmas[micro_step],
-                   "sigmas": samples.sigmas, "conditions": samples.conditions}
+        outputs = {
+            "index": micro_step,
+            "model_output": output,
+            "transition": transition,
+            "state": samples.states[:, micro_step],
+            "sigma": samples.sigmas[micro_step],
+            "sigmas": samples.sigmas,
+            "conditions": samples.conditions,
+        }
         return LossOutput(loss=policy_loss, metrics=metrics, outputs=outputs)
 
 
 @hookimpl
 def gyremedia_register_objectives(register):
-    register("grpo", GRPOObjective, options=GRPOOptions,
-             description="clipped-ratio GRPO over stochastic transitions (Flow-GRPO), optional KL")
+    register(
+        "grpo",
+        GRPOObjective,
+        options=GRPOOptions,
+        description="clipped-ratio GRPO over stochastic transitions (Flow-GRPO), optional KL",
+    )

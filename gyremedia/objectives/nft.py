@@ -32,8 +32,16 @@ class NFTOptions(ForwardProcessOptions):
     beta: float = option(1.0, gt=0, help="how far the implicit policies sit from the old one (paper: 1, 0.1 for OCR)")
 
 
-def nft_loss(v: torch.Tensor, v_old: torch.Tensor, xt: torch.Tensor, x0: torch.Tensor, t: torch.Tensor,
-             r: torch.Tensor, beta: float, adv_max: float) -> torch.Tensor:
+def nft_loss(
+    v: torch.Tensor,
+    v_old: torch.Tensor,
+    xt: torch.Tensor,
+    x0: torch.Tensor,
+    t: torch.Tensor,
+    r: torch.Tensor,
+    beta: float,
+    adv_max: float,
+) -> torch.Tensor:
     """Per-sample DiffusionNFT loss (see the module docstring); ``t`` broadcasts to the states, ``r`` is ``[B]``."""
     dims = tuple(range(1, v.dim()))
     v_old = v_old.detach()
@@ -62,5 +70,9 @@ class NFTObjective(ForwardProcessObjective):
 
 @hookimpl
 def gyremedia_register_objectives(register):
-    register("nft", NFTObjective, options=NFTOptions,
-             description="DiffusionNFT: negative-aware fine-tuning on the forward process; any sampler")
+    register(
+        "nft",
+        NFTObjective,
+        options=NFTOptions,
+        description="DiffusionNFT: negative-aware fine-tuning on the forward process; any sampler",
+    )

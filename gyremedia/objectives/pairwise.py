@@ -49,8 +49,9 @@ def preference_pairs(advantages: torch.Tensor, group_ids: torch.Tensor) -> tuple
     return winners[preferred], losers[preferred]
 
 
-def pairwise_loss(log_p: torch.Tensor, log_p_old: torch.Tensor, winners: torch.Tensor, losers: torch.Tensor,
-                  beta: float) -> torch.Tensor:
+def pairwise_loss(
+    log_p: torch.Tensor, log_p_old: torch.Tensor, winners: torch.Tensor, losers: torch.Tensor, beta: float
+) -> torch.Tensor:
     """Per-pair ``-log sigmoid(beta (delta(winner) - delta(loser)))`` with ``delta = log p - sg(log p_old)``."""
     delta = log_p - log_p_old.detach()
     return -torch.nn.functional.logsigmoid(beta * (delta[winners] - delta[losers]))
@@ -83,5 +84,9 @@ class PairwiseObjective(ForwardProcessObjective):
 
 @hookimpl
 def gyremedia_register_objectives(register):
-    register("pairwise", PairwiseObjective, options=PairwiseOptions,
-             description="best vs worst sample per group, DPO-style on ELBO surrogates of the whole trajectory")
+    register(
+        "pairwise",
+        PairwiseObjective,
+        options=PairwiseOptions,
+        description="best vs worst sample per group, DPO-style on ELBO surrogates of the whole trajectory",
+    )

@@ -46,30 +46,37 @@ from gyremedia.rollout import Rollout
 
 @dataclass
 class TokenGRPOOptions:
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = option("dapo", help="how token losses are averaged "
-                                                                                "(TRL's default: dapo)")
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = option(
+        "dapo", help="how token losses are averaged (TRL's default: dapo)"
+    )
     epsilon: float = option(0.2, gt=0, help="clip eps_low of the token ratio")
-    epsilon_high: float | None = option(None, gt=0, help="clip eps_high; DAPO's clip-higher uses 0.28 "
-                                                         "(default: epsilon)")
+    epsilon_high: float | None = option(
+        None, gt=0, help="clip eps_high; DAPO's clip-higher uses 0.28 (default: epsilon)"
+    )
     kl_beta: float = option(0.0, ge=0, help="weight of the k3 KL to the reference (selects the token_kl regularizer)")
     overlong_filter: bool = option(False, help="DAPO: completions cut off at max_new_tokens count for nothing")
     importance_correction: Literal["none", "tis", "mis", "cis"] = option(
-        "none", help="correct sampler log-probs that differ from the trainer's")
+        "none", help="correct sampler log-probs that differ from the trainer's"
+    )
     correction_cap: float = option(2.0, gt=1, help="TIS / MIS: the importance weight cap C")
     cis_threshold: float = option(1.0, gt=0, help="CIS: the largest log-odds displacement delta kept")
-    max_completion_length: int | None = option(None, ge=1, help="dr_grpo's T_max (default: the backbone's "
-                                                                "max_new_tokens)")
+    max_completion_length: int | None = option(
+        None, ge=1, help="dr_grpo's T_max (default: the backbone's max_new_tokens)"
+    )
     importance_level: Literal["token", "sequence"] = option(
-        "token", help="the ratio per token (GRPO), or one per sequence, the mean of its tokens' log ratios (GSPO: "
-                      "use with loss_type=grpo, epsilon=3e-4, epsilon_high=4e-4)")
+        "token",
+        help="the ratio per token (GRPO), or one per sequence, the mean of its tokens' log ratios (GSPO: "
+        "use with loss_type=grpo, epsilon=3e-4, epsilon_high=4e-4)",
+    )
 
     def validate(self) -> None:
         if self.epsilon >= 1:
             raise OptionError("epsilon", "must be below 1: the ratio's lower bound is 1 - epsilon")
 
 
-def aggregate_tokens(values: torch.Tensor, mask: torch.Tensor, loss_type: str, *, max_length: int,
-                     normaliser: float | None = None) -> torch.Tensor:
+def aggregate_tokens(
+    values: torch.Tensor, mask: torch.Tensor, loss_type: str, *, max_length: int, normaliser: float | None = None
+) -> torch.Tensor:
     """One loss from per-token values ``[B, T]`` by ``loss_type`` (see the module docstring)."""
     mask = mask.to(values.dtype)
     if loss_type == "grpo":
@@ -106,8 +113,9 @@ def log_ratios(log_probs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, l
     return sequence.expand_as(log_ratio)
 
 
-def importance_weights(trainer: torch.Tensor, sampler: torch.Tensor, kind: str, *, cap: float,
-                       threshold: float) -> torch.Tensor:
+def importance_weights(
+    trainer: torch.Tensor, sampler: torch.Tensor, kind: str, *, cap: float, threshold: float
+) -> torch.Tensor:
     """Per-token weights ``w`` turning the sampler's token distribution ``q`` into the trainer's ``p``
     (log-probs ``[B, T]``; see the module docstring). Detached: they weigh the loss, not its gradient's path."""
     trainer, sampler = trainer.detach().double(), sampler.detach().double()
@@ -149,12 +157,17 @@ class TokenGRPOObjective:
         if ctx.minibatches * ctx.passes > 1 or o.importance_correction != "none":
             size = len(rollout) // ctx.minibatches
             with torch.no_grad():
-                old = torch.cat([ctx.backbone.token_log_probs(rollout.select(slice(b, b + size)))
-                                 for b in range(0, len(rollout), size)])
+                old = torch.cat(
+                    [
+                        ctx.backbone.token_log_probs(rollout.select(slice(b, b + size)))
+                        for b in range(0, len(rollout), size)
+                    ]
+                )
             rollout.extras["old_log_probs"] = old
             if o.importance_correction != "none":
-                rollout.extras["is_weights"] = importance_weights(old, rollout.log_probs, o.importance_correction,
-                                                                  cap=o.correction_cap, threshold=o.cis_threshold)
+                rollout.extras["is_weights"] = importance_weights(
+                    old, rollout.log_probs, o.importance_correction, cap=o.correction_cap, threshold=o.cis_threshold
+                )
         if o.loss_type == "dapo":
             tokens = mask.sum().float().reshape(1)
             acc = ctx.accelerator
@@ -169,9 +182,13 @@ class TokenGRPOObjective:
     def aggregator(self, ctx: ObjectiveContext, rollout: Rollout) -> Callable[[torch.Tensor], torch.Tensor]:
         """Per-token values ``[B, T]`` to this objective's loss (regularizers use it for their terms too)."""
         o = self.options
-        return partial(aggregate_tokens, mask=rollout.extras["loss_mask"], loss_type=o.loss_type,
-                       max_length=o.max_completion_length or ctx.backbone.max_new_tokens,
-                       normaliser=rollout.extras.get("dapo_normaliser"))
+        return partial(
+            aggregate_tokens,
+            mask=rollout.extras["loss_mask"],
+            loss_type=o.loss_type,
+            max_length=o.max_completion_length or ctx.backbone.max_new_tokens,
+            normaliser=rollout.extras.get("dapo_normaliser"),
+        )
 
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         if rollout.advantages is None or "loss_mask" not in rollout.extras:
@@ -179,8 +196,9 @@ class TokenGRPOObjective:
         log_probs = ctx.backbone.token_log_probs(rollout)
         old = rollout.extras.get("old_log_probs", log_probs.detach())
         log_ratio = log_ratios(log_probs, old, rollout.extras["loss_mask"], self.options.importance_level)
-        per_token, ratio = clipped_ratio_loss(log_ratio, rollout.advantages[:, None].to(log_probs), self.eps_low,
-                                              self.eps_high)
+        per_token, ratio = clipped_ratio_loss(
+            log_ratio, rollout.advantages[:, None].to(log_probs), self.eps_low, self.eps_high
+        )
         if "is_weights" in rollout.extras:
             per_token = per_token * rollout.extras["is_weights"]
         aggregate = self.aggregator(ctx, rollout)
@@ -192,15 +210,25 @@ class TokenGRPOObjective:
             return (values.detach() * mask).sum() / tokens
 
         outside = clipped(ratio, self.eps_low, self.eps_high).float()
-        metrics = {"policy_loss": policy_loss.detach(), "ratio": masked_mean(ratio), "clip_fraction": masked_mean(outside),
-                   "approx_kl": masked_mean(0.5 * log_ratio ** 2), "completion_tokens": mask.sum(-1).float().mean()}
+        metrics = {
+            "policy_loss": policy_loss.detach(),
+            "ratio": masked_mean(ratio),
+            "clip_fraction": masked_mean(outside),
+            "approx_kl": masked_mean(0.5 * log_ratio**2),
+            "completion_tokens": mask.sum(-1).float().mean(),
+        }
         if "is_weights" in rollout.extras:
             metrics["is_weight"] = masked_mean(rollout.extras["is_weights"])
-        return LossOutput(loss=policy_loss, metrics=metrics,
-                          outputs={"log_probs": log_probs, "mask": mask, "aggregate": aggregate})
+        return LossOutput(
+            loss=policy_loss, metrics=metrics, outputs={"log_probs": log_probs, "mask": mask, "aggregate": aggregate}
+        )
 
 
 @hookimpl
 def gyremedia_register_objectives(register):
-    register("token_grpo", TokenGRPOObjective, options=TokenGRPOOptions,
-             description="GRPO on tokens: grpo/bnpo/dr_grpo/dapo aggregation, clip-higher, k3 KL, TIS/MIS/CIS")
+    register(
+        "token_grpo",
+        TokenGRPOObjective,
+        options=TokenGRPOOptions,
+        description="GRPO on tokens: grpo/bnpo/dr_grpo/dapo aggregation, clip-higher, k3 KL, TIS/MIS/CIS",
+    )

@@ -49,8 +49,9 @@ class TreeGRPOOptions(GRPOOptions):
     aggregate: Literal["mean", "logprob"] = option("mean", help="how leaf advantages back up to a node")
     normalize_depth: bool = option(False, help="normalise node advantages over each group's nodes at each depth")
     dedup: bool = option(False, help="replay a transition shared by several leaves once (one row per tree node)")
-    width: int = option(0, ge=0, help="train at most this many nodes per group and depth, the largest |A| "
-                                      "first; 0 = all")
+    width: int = option(
+        0, ge=0, help="train at most this many nodes per group and depth, the largest |A| first; 0 = all"
+    )
     skip_steps: list[int] = option(default_factory=list, ge=0, help="transition indices never trained (depth pruning)")
 
 
@@ -117,8 +118,14 @@ class TreeGRPOObjective(GRPOObjective):
         steps = {}
         for micro_step, (rows, _, first, _) in chosen.items():
             rows_there = None if rows is None else next(on_device)
-            steps[micro_step] = PlannedStep(rows_on_host=rows, rows=rows_there, advantages=next(advantages_there),
-                                            first_on_host=first, first=next(on_device), inverse=next(on_device))
+            steps[micro_step] = PlannedStep(
+                rows_on_host=rows,
+                rows=rows_there,
+                advantages=next(advantages_there),
+                first_on_host=first,
+                first=next(on_device),
+                inverse=next(on_device),
+            )
         return TreePlan(rollout, rollout.advantages, steps)
 
     def planned(self, rollout: Rollout, micro_step: int) -> PlannedStep:
@@ -158,22 +165,29 @@ class TreeGRPOObjective(GRPOObjective):
         nodes = rollout.extras["tree_ancestors"][:, micro_step + 1]
         rows = unique_first(nodes)[1] if self.options.dedup else torch.arange(len(rollout), device=nodes.device)
         if self.options.width:
-            rows = top_per_group(rows, rollout.group_ids.to(rows.device)[rows], advantages.to(rows.device)[rows].abs(),
-                                 self.options.width)
+            rows = top_per_group(
+                rows,
+                rollout.group_ids.to(rows.device)[rows],
+                advantages.to(rows.device)[rows].abs(),
+                self.options.width,
+            )
         return self.informative_rows(rows, advantages[rows.to(advantages.device)])
 
-    def replay(self, ctx: ObjectiveContext, rollout: Rollout, index: int, rows: torch.Tensor | None,
-               samples: Rollout) -> tuple[Transition, torch.Tensor]:
+    def replay(
+        self, ctx: ObjectiveContext, rollout: Rollout, index: int, rows: torch.Tensor | None, samples: Rollout
+    ) -> tuple[Transition, torch.Tensor]:
         """The model runs once per tree node at step ``index``, on the same batch the rollout ran it on (the
         minibatch is the rollout's chunk, its nodes in the same order), so the replayed log-probs equal the
         recorded ones exactly; each leaf's transition then steps from its node's output."""
         planned = self.planned(rollout, index)
         spread = planned.inverse if rows is None else planned.inverse[rows.to(planned.inverse.device)]
         heads = planned.heads(rollout)
-        output = ctx.backbone.predict(heads.states[:, index], rollout.sigmas[index], heads.conditions,
-                                      ctx.guidance_scale)[spread]
-        transition = ctx.sampler.step(samples.states[:, index], output, rollout.sigmas, index,
-                                      next_state=samples.states[:, index + 1])
+        output = ctx.backbone.predict(
+            heads.states[:, index], rollout.sigmas[index], heads.conditions, ctx.guidance_scale
+        )[spread]
+        transition = ctx.sampler.step(
+            samples.states[:, index], output, rollout.sigmas, index, next_state=samples.states[:, index + 1]
+        )
         return transition, output
 
     def transition_advantages(self, rollout: Rollout, micro_step: int) -> torch.Tensor:
@@ -181,15 +195,19 @@ class TreeGRPOObjective(GRPOObjective):
         if ancestors is None:
             raise ValueError("tree_grpo needs tree rollouts: set rollout.branch_steps (e.g. [0, 3, 6])")
         nodes = ancestors[:, micro_step + 1].to(rollout.advantages.device)
-        kept = torch.ones(len(nodes), dtype=torch.bool, device=nodes.device) if rollout.reward is None else \
-            torch.isfinite(rollout.reward).to(nodes.device)
+        kept = (
+            torch.ones(len(nodes), dtype=torch.bool, device=nodes.device)
+            if rollout.reward is None
+            else torch.isfinite(rollout.reward).to(nodes.device)
+        )
         weights = kept.double()
         if self.options.aggregate == "logprob":
-            below = rollout.log_probs[:, micro_step + 1:].nan_to_num(0.0).sum(dim=1).double().to(nodes.device)
+            below = rollout.log_probs[:, micro_step + 1 :].nan_to_num(0.0).sum(dim=1).double().to(nodes.device)
             below = below.masked_fill(~kept, -torch.inf)
             _, inverse = torch.unique(nodes, return_inverse=True)
-            peak = torch.full((int(inverse.max()) + 1,), -torch.inf, dtype=below.dtype, device=below.device).scatter_reduce(
-                0, inverse, below, reduce="amax")
+            peak = torch.full(
+                (int(inverse.max()) + 1,), -torch.inf, dtype=below.dtype, device=below.device
+            ).scatter_reduce(0, inverse, below, reduce="amax")
             weights = torch.where(kept, torch.exp(below - peak[inverse]), 0.0)  # softmax numerators, stable per node
         values = subtree_values(rollout.advantages.double(), nodes, weights)
         if self.options.normalize_depth:
@@ -205,7 +223,8 @@ def unique_first(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     """The unique values (ascending), the index of each one's first occurrence, and each value's unique index."""
     unique, inverse = torch.unique(values, return_inverse=True)
     first = torch.full((len(unique),), len(values), dtype=torch.long, device=values.device).scatter_reduce(
-        0, inverse, torch.arange(len(values), device=values.device), reduce="amin")
+        0, inverse, torch.arange(len(values), device=values.device), reduce="amin"
+    )
     return unique, first, inverse
 
 
@@ -220,5 +239,9 @@ def top_per_group(rows: torch.Tensor, groups: torch.Tensor, scores: torch.Tensor
 
 @hookimpl
 def gyremedia_register_objectives(register):
-    register("tree_grpo", TreeGRPOObjective, options=TreeGRPOOptions,
-             description="TreeGRPO: GRPO on tree rollouts (rollout.branch_steps), subtree-valued advantages")
+    register(
+        "tree_grpo",
+        TreeGRPOObjective,
+        options=TreeGRPOOptions,
+        description="TreeGRPO: GRPO on tree rollouts (rollout.branch_steps), subtree-valued advantages",
+    )

@@ -50,7 +50,7 @@ class SquaredT:
     """``log p = -t^2 l``: the velocity error rescaled to the clean-sample error (``x0 = x_t - t v``)."""
 
     def __call__(self, error: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return -t**2 * error
+        return -(t**2) * error
 
 
 @dataclass
@@ -128,8 +128,12 @@ class Budgeted:
         if self.chosen is None and self.step >= self.budget:
             credits = self.mean_credits()
             self.chosen = max(range(len(credits)), key=credits.__getitem__)
-            logger.info("weighting: chose %r after %d steps (mean reward change per step: %s)", self.profiles[self.chosen],
-                        self.step, ", ".join(f"{p} {c:+.4f}" for p, c in zip(self.profiles, credits)))
+            logger.info(
+                "weighting: chose %r after %d steps (mean reward change per step: %s)",
+                self.profiles[self.chosen],
+                self.step,
+                ", ".join(f"{p} {c:+.4f}" for p, c in zip(self.profiles, credits)),
+            )
 
     def state_dict(self) -> dict:
         return {"credits": self.credits, "chosen": self.chosen, "step": self.step, "last_reward": self.last_reward}
@@ -190,7 +194,15 @@ def gyremedia_register_weightings(register):
     register("t", lambda context: LinearT(), description="log p = -t l (AWM's default)")
     register("t2", lambda context: SquaredT(), description="log p = -t^2 l: the clean-sample error")
     register("ghuber", GeneralisedHuber, options=GHuberOptions, description="log p = -t l^p / p: generalised Huber")
-    register("budgeted", Budgeted, options=BudgetedOptions,
-             description="explore fixed profiles round-robin for a step budget, then keep the best")
-    register("dynamic", Dynamic, options=DynamicOptions,
-             description="w ∝ t^p, p moving from early_power to late_power as the in-group reward gap closes")
+    register(
+        "budgeted",
+        Budgeted,
+        options=BudgetedOptions,
+        description="explore fixed profiles round-robin for a step budget, then keep the best",
+    )
+    register(
+        "dynamic",
+        Dynamic,
+        options=DynamicOptions,
+        description="w ∝ t^p, p moving from early_power to late_power as the in-group reward gap closes",
+    )

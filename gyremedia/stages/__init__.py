@@ -15,5 +15,12 @@ from gyremedia.stages.rollout import gyremedia_collect_rollout
 from gyremedia.stages.scoring import gyremedia_score_rollout
 from gyremedia.stages.update import gyremedia_update
 
-__all__ = ["gyremedia_collect_rollout", "gyremedia_score_rollout", "gyremedia_compute_advantages", "gyremedia_update",
-           "gyremedia_evaluate", "gyremedia_save_checkpoint", "gyremedia_finish"]
+__all__ = [
+    "gyremedia_collect_rollout",
+    "gyremedia_score_rollout",
+    "gyremedia_compute_advantages",
+    "gyremedia_update",
+    "gyremedia_evaluate",
+    "gyremedia_save_checkpoint",
+    "gyremedia_finish",
+]

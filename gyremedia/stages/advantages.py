@@ -29,9 +29,20 @@ def gyremedia_compute_advantages(state: TrainState, rollout: Rollout, step: int)
     matrix, weights = weighted_rewards(state.config, rollout)
     normalize = state.plugins.hook.gyremedia_group_statistics(state=state, step=step)
     rollout.advantages, totals, groups = distributed_group_advantages(
-        state.accelerator, matrix, weights, rollout.group_ids, rollout.sample_ids, adv.combine, adv.std, adv.eps,
-        normalize=normalize)
+        state.accelerator,
+        matrix,
+        weights,
+        rollout.group_ids,
+        rollout.sample_ids,
+        adv.combine,
+        adv.std,
+        adv.eps,
+        normalize=normalize,
+    )
     kept = torch.isfinite(totals)
     group_std = [totals[(groups == g) & kept].std(unbiased=False) for g in groups[kept].unique()]
-    return {"reward": totals[kept].mean().item(), "reward_std": totals[kept].std(unbiased=False).item(),
-            "reward_group_std": torch.stack(group_std).mean().item() if group_std else float("nan")}
+    return {
+        "reward": totals[kept].mean().item(),
+        "reward_std": totals[kept].std(unbiased=False).item(),
+        "reward_group_std": torch.stack(group_std).mean().item() if group_std else float("nan"),
+    }

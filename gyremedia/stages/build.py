@@ -49,26 +49,33 @@ def resolve_sharding(config: ResolvedConfig, accelerator: Any, plugins: PluginHo
         raise ConfigError(
             f"{launched} processes were launched but each runs alone (accelerate sees {accelerator.num_processes}): "
             "every one would train its own copy of the model; launch with `accelerate launch --multi_gpu "
-            "--num_processes N` or a config from configs/accelerate/")
+            "--num_processes N` or a config from configs/accelerate/"
+        )
     launch = getattr(accelerator.distributed_type, "value", "")
     if launch == "DEEPSPEED":
         # DeepSpeed steps its optimizer inside backward, which breaks the accumulation over an objective's micro-steps
-        raise ConfigError("DeepSpeed launches are not supported: shard with FSDP2 instead "
-                          "(accelerate launch --config_file configs/accelerate/fsdp2.yaml, or train.sharding=fsdp2)")
+        raise ConfigError(
+            "DeepSpeed launches are not supported: shard with FSDP2 instead "
+            "(accelerate launch --config_file configs/accelerate/fsdp2.yaml, or train.sharding=fsdp2)"
+        )
     choice = config.core.train.sharding
     # without an accelerator device accelerate turns an FSDP launch into plain gloo processes; its flag stays
     fsdp_launch = launch == "FSDP" or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
     if choice == "none" and launch == "FSDP":
         # accelerate.prepare would shard the model itself, behind the trainer's back
-        raise ConfigError("train.sharding=none on an FSDP launch: launch with configs/accelerate/ddp.yaml to train "
-                          "unsharded, or leave train.sharding at auto")
+        raise ConfigError(
+            "train.sharding=none on an FSDP launch: launch with configs/accelerate/ddp.yaml to train "
+            "unsharded, or leave train.sharding at auto"
+        )
     if choice == "none" or (choice == "auto" and not fsdp_launch):
         return False
     backbone = config.backbone.name
     if not plugins.component("backbone", backbone).meta.get("shardable"):
-        raise ConfigError(f"train.sharding={choice}: backbone {backbone!r} cannot be sharded (its processes do not "
-                          "run the same model calls in a step): use train.sharding=none and a DDP launch "
-                          "(configs/accelerate/ddp.yaml)")
+        raise ConfigError(
+            f"train.sharding={choice}: backbone {backbone!r} cannot be sharded (its processes do not "
+            "run the same model calls in a step): use train.sharding=none and a DDP launch "
+            "(configs/accelerate/ddp.yaml)"
+        )
     if accelerator.num_processes == 1:
         logger.info("train.sharding=%s with one process: nothing to shard", choice)
         return False
@@ -81,7 +88,9 @@ def build_components(state: TrainState, context: BuildContext) -> None:
     state.backbone = plugins.build(config.backbone, context)
     # a policy that samples its own transitions has no sampler section
     state.sampler = plugins.build(config.sampler, context) if config.sampler is not None else None
-    state.eval_sampler = plugins.build(config.eval_sampler, context) if config.eval_sampler is not None else state.sampler
+    state.eval_sampler = (
+        plugins.build(config.eval_sampler, context) if config.eval_sampler is not None else state.sampler
+    )
     state.objective = plugins.build(config.objective, context)
     if config.weighting is not None:
         state.weighting = plugins.build(config.weighting, context)
@@ -90,8 +99,9 @@ def build_components(state: TrainState, context: BuildContext) -> None:
     plugins.hook.gyremedia_setup(state=state, context=context)
     state.regularizers = {s.name: plugins.build(s, context) for s in config.regularizers}
     state.loggers = [plugins.build(s, context) for s in config.loggers] if state.accelerator.is_main_process else []
-    if state.reference_needed or any(getattr(c, "needs_reference", False)
-                                     for c in [state.objective, *state.regularizers.values()]):
+    if state.reference_needed or any(
+        getattr(c, "needs_reference", False) for c in [state.objective, *state.regularizers.values()]
+    ):
         state.backbone.enable_reference()
 
 
@@ -109,13 +119,19 @@ def build_optimizer(state: TrainState) -> None:
     if not params:
         raise ConfigError("the backbone has no trainable parameters")
     train = state.config.core.train
-    optimizer = adamw(params, train.fused_adamw, lr=train.learning_rate,
-                      betas=(train.adam_beta1, train.adam_beta2), weight_decay=train.weight_decay)
+    optimizer = adamw(
+        params,
+        train.fused_adamw,
+        lr=train.learning_rate,
+        betas=(train.adam_beta1, train.adam_beta2),
+        weight_decay=train.weight_decay,
+    )
     warmup = max(train.warmup_steps, 0)
     # One LR-schedule step per optimizer step. Not passed to accelerate.prepare, which would
     # advance it once per process and make the schedule depend on the process count.
     state.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+    )
     if state.sharded:  # sharded in place, the same fully_shard calls accelerate's FSDP2 makes (gyremedia/sharding.py)
         prepared, state.optimizer = module, optimizer
     else:

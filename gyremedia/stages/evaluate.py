@@ -24,14 +24,18 @@ def gyremedia_evaluate(state: TrainState, step: int) -> dict[str, float]:
     try:  # the other processes wait at raise_together, which also tells them if this failed
         if main or state.sharded:
             preference = state.plugins.hook.gyremedia_eval_preference(config=state.config)
-            result = evaluation.evaluate(state.config, state.backbone, state.eval_sampler, state.rewards,
-                                         preference=preference, step=step)
+            result = evaluation.evaluate(
+                state.config, state.backbone, state.eval_sampler, state.rewards, preference=preference, step=step
+            )
             metrics = result.means()
             state.plugins.hook.gyremedia_after_eval(state=state, step=step, result=result, metrics=metrics)
         if main:
-            evaluation.save_grid(result.media, result.prompts,
-                                 state.run_dir / "samples" / f"{grid_name(step, core.train.steps)}.png",
-                                 core.eval.grid_size)
+            evaluation.save_grid(
+                result.media,
+                result.prompts,
+                state.run_dir / "samples" / f"{grid_name(step, core.train.steps)}.png",
+                core.eval.grid_size,
+            )
             if step in (0, core.train.steps):
                 state.eval_scores[step] = dict(result.scores)
             state.plugins.hook.gyremedia_on_eval(state=state, media=result.media, metrics=metrics)

@@ -59,15 +59,19 @@ def _accuracy_line(state: TrainState) -> str | None:
     fraction = bool(len(values)) and bool(((values >= 0) & (values <= 1)).all())
     show = (lambda v: f"{100 * v:.1f}%") if fraction else (lambda v: f"{v:.4g}")
     if base is None:
-        return (f"held-out {key}: {show(evaluation.nanmean(final))} at step {state.step} "
-                "(the base model was evaluated before the resume: `gyremedia eval` compares both)")
+        return (
+            f"held-out {key}: {show(evaluation.nanmean(final))} at step {state.step} "
+            "(the base model was evaluated before the resume: `gyremedia eval` compares both)"
+        )
     gain = evaluation.paired_gain(base, final)
     diff = (lambda v: f"{v:+.1f}") if fraction else (lambda v: f"{v / 100:+.4g}")
     unit = " points" if fraction else ""
-    return (f"held-out {key}: {show(evaluation.nanmean(base))} at step 0 -> "
-            f"{show(evaluation.nanmean(final))} at step {state.step}: {diff(gain['points'])}{unit} "
-            f"(paired 95% interval {diff(gain['ci95_low'])} to {diff(gain['ci95_high'])}, "
-            f"{gain['samples']} samples)")
+    return (
+        f"held-out {key}: {show(evaluation.nanmean(base))} at step 0 -> "
+        f"{show(evaluation.nanmean(final))} at step {state.step}: {diff(gain['points'])}{unit} "
+        f"(paired 95% interval {diff(gain['ci95_low'])} to {diff(gain['ci95_high'])}, "
+        f"{gain['samples']} samples)"
+    )
 
 
 def summary_lines(state: TrainState, seconds: float) -> list[str]:
@@ -81,9 +85,14 @@ def summary_lines(state: TrainState, seconds: float) -> list[str]:
     changes = heldout_changes(state)
     others = [k for k in changes if k != key and "/" not in k.removeprefix("gold/")]  # each reward's own score
     if others:
-        lines.append("other held-out scores, trained - base (paired 95% interval): " + "; ".join(
-            f"{k} {changes[k]['mean']:+.3g} ({changes[k]['ci95_low']:+.3g} to {changes[k]['ci95_high']:+.3g})"
-            for k in others) + f"; all in {run / CHANGES_FILE}")
+        lines.append(
+            "other held-out scores, trained - base (paired 95% interval): "
+            + "; ".join(
+                f"{k} {changes[k]['mean']:+.3g} ({changes[k]['ci95_low']:+.3g} to {changes[k]['ci95_high']:+.3g})"
+                for k in others
+            )
+            + f"; all in {run / CHANGES_FILE}"
+        )
     grids = sorted((str(p) for p in (run / "samples").glob("*") if p.stem in ("before", "after")), reverse=True)
     if grids:
         lines.append(f"samples: {', '.join(grids)}")

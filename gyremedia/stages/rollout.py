@@ -21,8 +21,9 @@ def group_prompts(state: TrainState, step: int) -> list[Prompt]:
         kept = {s: p for s, p in state.group_prompts.items() if s >= step - 1}
         state.group_prompts.clear()
         state.group_prompts.update(kept)
-        state.group_prompts[step] = state.prompts.groups_for_step(state.config.core.run.seed, step,
-                                                                  r.batch_size // r.group_size)
+        state.group_prompts[step] = state.prompts.groups_for_step(
+            state.config.core.run.seed, step, r.batch_size // r.group_size
+        )
     return state.group_prompts[step]
 
 
@@ -34,9 +35,15 @@ def rollout_request(state: TrainState, step: int) -> RolloutRequest:
     prompts = group_prompts(state, step)
     sample_ids = torch.arange(start, start + per_rank)
     group_ids = sample_ids // core.rollout.group_size
-    return RolloutRequest(step=step, seed=core.run.seed, prompts=[prompts[g] for g in group_ids.tolist()],
-                          sample_ids=sample_ids, group_ids=group_ids, chunks=core.train.num_minibatches,
-                          settings=core.rollout)
+    return RolloutRequest(
+        step=step,
+        seed=core.run.seed,
+        prompts=[prompts[g] for g in group_ids.tolist()],
+        sample_ids=sample_ids,
+        group_ids=group_ids,
+        chunks=core.train.num_minibatches,
+        settings=core.rollout,
+    )
 
 
 def collect(state: TrainState, step: int) -> Rollout:

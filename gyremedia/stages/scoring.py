@@ -38,14 +38,20 @@ def _collect_scores(state: TrainState, rollout: Rollout, step: int, futures: dic
     for name, values in rollout.rewards.items():
         bad = (~torch.isfinite(values.cpu()) & ~dropped).nonzero().flatten()
         if len(bad):
-            raise reward_error(name, step, rollout.prompts, f"the score after gyremedia_process_rewards is "
-                               f"{values[bad[0]].item()}", int(bad[0]))
+            raise reward_error(
+                name,
+                step,
+                rollout.prompts,
+                f"the score after gyremedia_process_rewards is {values[bad[0]].item()}",
+                int(bad[0]),
+            )
     return per_sample
 
 
 @hookimpl(trylast=True)
-def gyremedia_score_rollout(state: TrainState, rollout: Rollout, futures: dict[str, Any],
-                            step: int) -> dict[str, float]:
+def gyremedia_score_rollout(
+    state: TrainState, rollout: Rollout, futures: dict[str, Any], step: int
+) -> dict[str, float]:
     """Wait for every reward (failure policies applied); set ``rollout.rewards`` and ``rollout.reward``."""
     acc, per_sample, error = state.accelerator, {}, None
     try:  # this process's rewards; a failure here stops every process (raise_together), not this one alone
@@ -80,4 +86,5 @@ def stop_if_dropping_too_many(state: TrainState, metrics: dict[str, float], step
                 f"reward {selected.name!r} dropped {sum(window):.0f} of {len(window) * batch} "
                 f"samples over the last {len(window)} step(s) up to step {step}, more than "
                 f"rewards.{i}.max_dropped={selected.settings.max_dropped} allows: is it reachable (a server down?); "
-                f"raise max_dropped to train on through such failures")
+                f"raise max_dropped to train on through such failures"
+            )

@@ -27,16 +27,25 @@ class NonFiniteLoss(RuntimeError):
     exit_code = 1
 
     def __init__(self, step: int, terms: list[str], last_checkpoint: int | None) -> None:
-        saved = (f"the last checkpoint ({ckpt.checkpoint_name(last_checkpoint)}) holds finite weights"
-                 if last_checkpoint is not None else "no checkpoint was written yet")
-        super().__init__(f"step {step}: {', '.join(terms)} not finite; the run stopped before this update, so {saved}: "
-                         "lower train.learning_rate or train.max_grad_norm, or set train.on_nonfinite=skip to drop such "
-                         "updates")
+        saved = (
+            f"the last checkpoint ({ckpt.checkpoint_name(last_checkpoint)}) holds finite weights"
+            if last_checkpoint is not None
+            else "no checkpoint was written yet"
+        )
+        super().__init__(
+            f"step {step}: {', '.join(terms)} not finite; the run stopped before this update, so {saved}: "
+            "lower train.learning_rate or train.max_grad_norm, or set train.on_nonfinite=skip to drop such "
+            "updates"
+        )
         self.step, self.terms = step, terms
 
 
-def micro_step_loss(state: TrainState, ctx: ObjectiveContext, batch: Rollout, micro: Any,
-                    ) -> tuple[torch.Tensor, dict[str, Any]]:
+def micro_step_loss(
+    state: TrainState,
+    ctx: ObjectiveContext,
+    batch: Rollout,
+    micro: Any,
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """The objective's loss on one micro-step plus each regularizer's weighted terms; the terms to log."""
     out = state.objective.loss(ctx, batch, micro)
     loss, terms = out.loss, dict(out.metrics)
@@ -54,8 +63,9 @@ def micro_step_loss(state: TrainState, ctx: ObjectiveContext, batch: Rollout, mi
     return loss, terms
 
 
-def accumulate(state: TrainState, ctx: ObjectiveContext, batch: Rollout, step: int,
-               reduce_here: bool) -> tuple[dict[str, torch.Tensor | float], int]:
+def accumulate(
+    state: TrainState, ctx: ObjectiveContext, batch: Rollout, step: int, reduce_here: bool
+) -> tuple[dict[str, torch.Tensor | float], int]:
     """Backward over the objective's micro-steps of one minibatch; each term's sum over them, and their number."""
     acc = state.accelerator
     micro_steps = state.objective.micro_steps(batch, step)
@@ -63,19 +73,22 @@ def accumulate(state: TrainState, ctx: ObjectiveContext, batch: Rollout, step: i
     for k, micro in enumerate(micro_steps):
         last = k == len(micro_steps) - 1
         # sharded gradients are reduce-scattered every micro-step (skipping it would keep whole ones)
-        sync = contextlib.nullcontext() if (last and not reduce_here) or state.sharded else \
-            acc.no_sync(state.trained_module)
+        sync = (
+            contextlib.nullcontext()
+            if (last and not reduce_here) or state.sharded
+            else acc.no_sync(state.trained_module)
+        )
         with sync:
             loss, terms = micro_step_loss(state, ctx, batch, micro)
             acc.backward(loss / len(micro_steps))
         for key, value in terms.items():  # in float32 on the device (bf16 terms would lose digits)
-            summed[key] = summed.get(key, 0.0) + (value.detach().float() if isinstance(value, torch.Tensor)
-                                                  else value)
+            summed[key] = summed.get(key, 0.0) + (value.detach().float() if isinstance(value, torch.Tensor) else value)
     return summed, len(micro_steps)
 
 
-def step_optimizer(state: TrainState, summed: dict[str, Any], step: int, reduce_here: bool,
-                   sums: dict[str, float], micro_steps: int) -> bool:
+def step_optimizer(
+    state: TrainState, summed: dict[str, Any], step: int, reduce_here: bool, sums: dict[str, float], micro_steps: int
+) -> bool:
     """Clip, check every term is finite on every rank, and step the optimizer (or stop, or skip: the run's
     ``train.on_nonfinite``); adds the minibatch's terms to ``sums``. Returns whether it stepped."""
     acc, train = state.accelerator, state.config.core.train
@@ -93,10 +106,16 @@ def step_optimizer(state: TrainState, summed: dict[str, Any], step: int, reduce_
     # Every rank takes the same decision (a NaN on one rank reaches the others' gradients anyway).
     if means_over_ranks(acc, {"not_finite": float(bool(not_finite))})["not_finite"] > 0:
         if train.on_nonfinite == "stop":
-            raise NonFiniteLoss(step + 1, sorted(not_finite) or ["(on another process)"],
-                                state.last_save[0] if state.last_save else None)
-        logger.warning("step %d: %s not finite: update skipped (train.on_nonfinite=skip)", step + 1,
-                       ", ".join(sorted(not_finite)) or "a loss term on another process")
+            raise NonFiniteLoss(
+                step + 1,
+                sorted(not_finite) or ["(on another process)"],
+                state.last_save[0] if state.last_save else None,
+            )
+        logger.warning(
+            "step %d: %s not finite: update skipped (train.on_nonfinite=skip)",
+            step + 1,
+            ", ".join(sorted(not_finite)) or "a loss term on another process",
+        )
         state.optimizer.zero_grad(set_to_none=True)
         return False
     state.optimizer.step()
@@ -111,9 +130,16 @@ def gyremedia_update(state: TrainState, rollout: Rollout, step: int) -> dict[str
     """One optimizer step per minibatch; gradients accumulate over the objective's micro-steps."""
     acc, train, objective = state.accelerator, state.config.core.train, state.objective
     state.backbone.trainable_module().train()
-    ctx = ObjectiveContext(backbone=state.backbone, sampler=state.sampler, step=step, weighting=state.weighting,
-                           guidance_scale=state.config.core.rollout.guidance_scale, accelerator=acc,
-                           minibatches=train.num_minibatches, passes=train.num_iterations)
+    ctx = ObjectiveContext(
+        backbone=state.backbone,
+        sampler=state.sampler,
+        step=step,
+        weighting=state.weighting,
+        guidance_scale=state.config.core.rollout.guidance_scale,
+        accelerator=acc,
+        minibatches=train.num_minibatches,
+        passes=train.num_iterations,
+    )
     size = len(rollout) // train.num_minibatches
     sums: dict[str, float] = {}
     count = skipped = 0

@@ -30,7 +30,7 @@ def contrastive_subset(rewards: torch.Tensor, keep: int) -> torch.Tensor:
         raise ValueError(f"keep={keep} of {rewards.shape[1]} candidates per group")
     order = rewards.nan_to_num(nan=-torch.inf).argsort(dim=1, descending=True, stable=True)
     best, worst = (keep + 1) // 2, keep // 2
-    return torch.cat([order[:, :best], order[:, order.shape[1] - worst:]], dim=1)
+    return torch.cat([order[:, :best], order[:, order.shape[1] - worst :]], dim=1)
 
 
 @hookimpl
@@ -40,17 +40,25 @@ def gyremedia_check_config(core: Any, selected: dict[str, Any]) -> list[str]:
         return []
     backbone = selected.get("backbone")
     if r.candidates % r.group_size or r.candidates == r.group_size:
-        errors.append(f"rollout.candidates={r.candidates}: draw a larger multiple of rollout.group_size="
-                      f"{r.group_size} (e.g. {4 * r.group_size}), or 0 for one-stage rollouts")
+        errors.append(
+            f"rollout.candidates={r.candidates}: draw a larger multiple of rollout.group_size="
+            f"{r.group_size} (e.g. {4 * r.group_size}), or 0 for one-stage rollouts"
+        )
     if r.branch_steps:
-        errors.append("rollout.candidates selects initial noises of flat rollouts: set rollout.branch_steps=[] "
-                      "or rollout.candidates=0")
+        errors.append(
+            "rollout.candidates selects initial noises of flat rollouts: set rollout.branch_steps=[] "
+            "or rollout.candidates=0"
+        )
     if core.pareto.enabled:
-        errors.append("rollout.candidates ranks candidates by the rewards' fixed weights: set pareto.enabled=false "
-                      "or rollout.candidates=0")
+        errors.append(
+            "rollout.candidates ranks candidates by the rewards' fixed weights: set pareto.enabled=false "
+            "or rollout.candidates=0"
+        )
     if backbone is not None and backbone.meta.get("transitions") != "denoising":
-        errors.append(f"rollout.candidates selects initial noises, which backbone {backbone.name!r} does not "
-                      f"denoise from: set rollout.candidates=0")
+        errors.append(
+            f"rollout.candidates selects initial noises, which backbone {backbone.name!r} does not "
+            f"denoise from: set rollout.candidates=0"
+        )
     return errors
 
 
@@ -77,14 +85,19 @@ def candidate_pool(request: RolloutRequest, num_steps: int) -> RolloutRequest:
     noise (key ``group * candidates + index`` in the candidate stream), sampled ``num_steps`` steps."""
     r = request.settings
     per_group = r.candidates
-    groups = request.group_ids[::r.group_size]
+    groups = request.group_ids[:: r.group_size]
     keys = (groups[:, None] * per_group + torch.arange(per_group)).flatten()  # unique per group and candidate
-    return RolloutRequest(step=request.step, seed=request.seed,
-                          prompts=[p for p in request.prompts[::r.group_size] for _ in range(per_group)],
-                          sample_ids=keys, group_ids=groups.repeat_interleave(per_group),
-                          chunks=request.chunks * per_group // r.group_size,
-                          settings=dataclasses.replace(r, num_steps=num_steps, branch_steps=[]),
-                          noise_ids=keys, noise_stream=Stream.CANDIDATES)
+    return RolloutRequest(
+        step=request.step,
+        seed=request.seed,
+        prompts=[p for p in request.prompts[:: r.group_size] for _ in range(per_group)],
+        sample_ids=keys,
+        group_ids=groups.repeat_interleave(per_group),
+        chunks=request.chunks * per_group // r.group_size,
+        settings=dataclasses.replace(r, num_steps=num_steps, branch_steps=[]),
+        noise_ids=keys,
+        noise_stream=Stream.CANDIDATES,
+    )
 
 
 class CandidatePools:
@@ -100,8 +113,9 @@ class CandidatePools:
         candidates = state.backbone.collect_rollout(pool, state.eval_sampler)
         scored = error = None
         try:
-            scored = state.scorer.collect(state.scorer.submit(state.backbone.media(candidates), pool.prompts),
-                                          pool.prompts, request.step)
+            scored = state.scorer.collect(
+                state.scorer.submit(state.backbone.media(candidates), pool.prompts), pool.prompts, request.step
+            )
         except Exception as exc:  # noqa: BLE001 - re-raised on every process
             error = exc
         raise_together(state.accelerator, error)

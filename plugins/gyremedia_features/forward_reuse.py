@@ -25,11 +25,15 @@ def gyremedia_check_config(core: Any, selected: dict[str, Any]) -> list[str]:
         return []
     errors, objective, off = [], selected.get("objective"), "or train.reuse_rollout_forward=false"
     if objective is not None and not objective.meta.get("plans_transitions"):
-        errors.append(f"train.reuse_rollout_forward: objective {objective.name!r} does not name the transitions it "
-                      f"replays before sampling: use objective grpo, {off}")
+        errors.append(
+            f"train.reuse_rollout_forward: objective {objective.name!r} does not name the transitions it "
+            f"replays before sampling: use objective grpo, {off}"
+        )
     if core.rollout.async_scoring:
-        errors.append(f"train.reuse_rollout_forward trains a rollout on the weights that sampled it: set "
-                      f"rollout.async_scoring=false, {off}")
+        errors.append(
+            f"train.reuse_rollout_forward trains a rollout on the weights that sampled it: set "
+            f"rollout.async_scoring=false, {off}"
+        )
     if core.rollout.branch_steps:
         errors.append(f"train.reuse_rollout_forward keeps flat rollouts' forwards: set rollout.branch_steps=[], {off}")
     return errors
@@ -40,8 +44,10 @@ def gyremedia_setup(state: TrainState, context: Any) -> None:
     if not state.config.core.train.reuse_rollout_forward:
         return
     if state.sharded:
-        logger.warning("train.reuse_rollout_forward is off: a sharded model gathers its weights per forward and "
-                       "frees them after; training replays every transition")
+        logger.warning(
+            "train.reuse_rollout_forward is off: a sharded model gathers its weights per forward and "
+            "frees them after; training replays every transition"
+        )
         return
     state.plugins.register_for_run(ForwardReuse(), name="forward_reuse:run")
 

@@ -32,8 +32,10 @@ logger = logging.getLogger("gyremedia")
 @hookimpl
 def gyremedia_check_config(core: Any, selected: dict[str, Any]) -> list[str]:
     gold = [s.name for s in selected.get("monitor.gold") or [] if s is not None]
-    return [f"monitor.gold selects reward {name!r} twice: their scores would share eval/gold/{name}"
-            for name in sorted({n for n in gold if gold.count(n) > 1})]
+    return [
+        f"monitor.gold selects reward {name!r} twice: their scores would share eval/gold/{name}"
+        for name in sorted({n for n in gold if gold.count(n) > 1})
+    ]
 
 
 @hookimpl
@@ -41,11 +43,13 @@ def gyremedia_setup(state: TrainState, context: BuildContext) -> None:
     """Every run is monitored: its gold rewards are built beside the run's own."""
     config = state.config
     gold = {s.name: state.plugins.build(s, context) for s in config.gold_rewards}
-    monitor = HackingMonitor(config.core.monitor, gold, proxy=f"eval/{config.rewards[0].name}",
-                             selected=config.gold_rewards)
+    monitor = HackingMonitor(
+        config.core.monitor, gold, proxy=f"eval/{config.rewards[0].name}", selected=config.gold_rewards
+    )
     state.reference_needed |= monitor.needs_reference
     state.stateful["monitor"] = monitor  # checkpointed under the name it has always had
     state.plugins.register_for_run(monitor, name="monitor:run")
+
 
 class HackingMonitor:
     """Gold rewards, velocity drift and the proxy-up-gold-down warning at each evaluation."""
@@ -68,18 +72,23 @@ class HackingMonitor:
     def gyremedia_after_eval(self, state: TrainState, step: int, result: EvalResult, metrics: dict[str, float]) -> None:
         self.on_eval(step, result, metrics, state.backbone, state.config.core.rollout.guidance_scale)
 
-    def on_eval(self, step: int, result: EvalResult, metrics: dict[str, float], backbone: Any,
-                guidance_scale: float) -> None:
+    def on_eval(
+        self, step: int, result: EvalResult, metrics: dict[str, float], backbone: Any, guidance_scale: float
+    ) -> None:
         """Add the gold scores, drift and warnings for the evaluation at ``step`` to ``metrics``."""
-        for key, values in score(self.gold, result.media, result.prompts, self.selected,
-                                 f"in the step-{step} evaluation").items():
+        for key, values in score(
+            self.gold, result.media, result.prompts, self.selected, f"in the step-{step} evaluation"
+        ).items():
             result.scores[f"gold/{key}"] = values  # per sample, for the run's paired base-vs-trained changes
             metrics[f"eval/gold/{key}"] = summary(key, values)
         if self.settings.drift:
-            metrics["eval/drift"] = backbone.reference_drift(result.prompts, result.extras["generated"],
-                                                             levels=self.settings.drift_levels,
-                                                             guidance_scale=guidance_scale,
-                                                             preference=result.extras.get("preference"))
+            metrics["eval/drift"] = backbone.reference_drift(
+                result.prompts,
+                result.extras["generated"],
+                levels=self.settings.drift_levels,
+                guidance_scale=guidance_scale,
+                preference=result.extras.get("preference"),
+            )
         current = {k: v for k, v in metrics.items() if k == self.proxy or k.startswith("eval/gold/")}
         if self.gold:
             metrics["monitor/hacking"] = float(self._hacking(step, current))
@@ -88,8 +97,13 @@ class HackingMonitor:
             self.first_diversity = diversity
         collapsed = diversity < self.settings.min_diversity * self.first_diversity
         if collapsed:
-            logger.warning("in-group diversity at step %d is %.3f, below %.0f%% of the first evaluation's %.3f: "
-                           "mode collapse?", step, diversity, 100 * self.settings.min_diversity, self.first_diversity)
+            logger.warning(
+                "in-group diversity at step %d is %.3f, below %.0f%% of the first evaluation's %.3f: mode collapse?",
+                step,
+                diversity,
+                100 * self.settings.min_diversity,
+                self.first_diversity,
+            )
         metrics["monitor/collapse"] = float(collapsed)
         self.previous = current
 
@@ -98,12 +112,20 @@ class HackingMonitor:
             return False
         tol = self.settings.tolerance
         proxy_gain = current[self.proxy] - self.previous[self.proxy]
-        fallen = {k: (self.previous[k], v) for k, v in current.items()
-                  if k.startswith("eval/gold/") and k in self.previous and v < self.previous[k] - tol}
+        fallen = {
+            k: (self.previous[k], v)
+            for k, v in current.items()
+            if k.startswith("eval/gold/") and k in self.previous and v < self.previous[k] - tol
+        }
         if proxy_gain > tol and fallen:
-            logger.warning("reward hacking? at step %d the proxy %s rose %.4f -> %.4f while %s", step, self.proxy,
-                           self.previous[self.proxy], current[self.proxy],
-                           ", ".join(f"{k} fell {a:.4f} -> {b:.4f}" for k, (a, b) in fallen.items()))
+            logger.warning(
+                "reward hacking? at step %d the proxy %s rose %.4f -> %.4f while %s",
+                step,
+                self.proxy,
+                self.previous[self.proxy],
+                current[self.proxy],
+                ", ".join(f"{k} fell {a:.4f} -> {b:.4f}" for k, (a, b) in fallen.items()),
+            )
             return True
         return False
 

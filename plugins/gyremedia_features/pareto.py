@@ -30,8 +30,10 @@ logger = logging.getLogger("gyremedia")
 def preference_weights(seed: int, step: int, group_ids: torch.Tensor, count: int, concentration: float) -> torch.Tensor:
     """``[B, count]`` reward-preference weights, one Dirichlet draw per group keyed by ``(seed, step, group)``
     (the same on any number of processes)."""
-    rows = {g: stream_rng(seed, step, Stream.PREFERENCE, g).dirichlet([concentration] * count)
-            for g in group_ids.unique().tolist()}
+    rows = {
+        g: stream_rng(seed, step, Stream.PREFERENCE, g).dirichlet([concentration] * count)
+        for g in group_ids.unique().tolist()
+    }
     return torch.tensor(np.stack([rows[g] for g in group_ids.tolist()]), dtype=torch.float32)
 
 
@@ -47,11 +49,18 @@ def sweep_weights(count: int, settings: int) -> torch.Tensor:
 def pareto_front(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any]) -> list[dict[str, Any]]:
     """One evaluation per swept weight setting: ``[{"weights": [...], "<reward>": mean score, ...}]``."""
     front = []
-    for weights in tqdm(sweep_weights(len(config.rewards), config.core.pareto.sweep), desc="pareto front",
-                        disable=not config.core.logging.progress):
+    for weights in tqdm(
+        sweep_weights(len(config.rewards), config.core.pareto.sweep),
+        desc="pareto front",
+        disable=not config.core.logging.progress,
+    ):
         result = evaluation.evaluate(config, backbone, sampler, rewards, preference=weights)
-        front.append({"weights": [round(float(w), 4) for w in weights],
-                      **{s.name: evaluation.nanmean(result.scores[s.name]) for s in config.rewards}})
+        front.append(
+            {
+                "weights": [round(float(w), 4) for w in weights],
+                **{s.name: evaluation.nanmean(result.scores[s.name]) for s in config.rewards},
+            }
+        )
     return front
 
 
@@ -64,14 +73,17 @@ def gyremedia_eval_preference(config: ResolvedConfig) -> torch.Tensor | None:
 
 
 @hookimpl
-def gyremedia_eval_report(config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any],
-                          report: dict[str, Any]) -> list[str] | None:
+def gyremedia_eval_report(
+    config: ResolvedConfig, backbone: Any, sampler: Any, rewards: dict[str, Any], report: dict[str, Any]
+) -> list[str] | None:
     """``gyremedia eval``: the trained model at each swept preference."""
     if not config.core.pareto.enabled:
         return None
     report["pareto_front"] = front = pareto_front(config, backbone, sampler, rewards)
-    return [f"preference {point['weights']}: " + ", ".join(f"{s.name} {point[s.name]:.4f}" for s in config.rewards)
-            for point in front]
+    return [
+        f"preference {point['weights']}: " + ", ".join(f"{s.name} {point[s.name]:.4f}" for s in config.rewards)
+        for point in front
+    ]
 
 
 @hookimpl
@@ -87,8 +99,10 @@ def gyremedia_check_config(core: Any, selected: dict[str, Any]) -> list[str]:
         if inputs is None:
             errors.append(f"pareto.enabled: backbone {backbone.name!r} cannot be conditioned on preference weights")
         elif inputs != len(rewards):
-            errors.append(f"pareto.enabled with {len(rewards)} rewards: set backbone.preference_inputs={len(rewards)} "
-                          f"(it is {inputs})")
+            errors.append(
+                f"pareto.enabled with {len(rewards)} rewards: set backbone.preference_inputs={len(rewards)} "
+                f"(it is {inputs})"
+            )
     return errors
 
 
@@ -107,8 +121,9 @@ class ParetoPreferences:
     @hookimpl(tryfirst=True)
     def gyremedia_prepare_request(self, state: TrainState, request: RolloutRequest) -> None:
         core = state.config.core
-        request.preference = preference_weights(core.run.seed, request.step, request.group_ids,
-                                                len(state.config.rewards), core.pareto.concentration)
+        request.preference = preference_weights(
+            core.run.seed, request.step, request.group_ids, len(state.config.rewards), core.pareto.concentration
+        )
 
     @hookimpl
     def gyremedia_after_eval(self, state: TrainState, step: int, result: Any, metrics: dict[str, float]) -> None:
@@ -125,8 +140,14 @@ class ParetoPreferences:
         if state.accelerator.is_main_process:
             (state.run_dir / "pareto_front.json").write_text(json.dumps(front, indent=1))
             base = self.base
-            plot_pareto_front(front, names, state.run_dir / "pareto_front.png",
-                              base={n: base[f"eval/{n}"] for n in names} if base else None)
-            logger.info("pareto front: %s", "; ".join(f"{p['weights']}: " + ", ".join(f"{n} {p[n]:.3f}" for n in names)
-                                                      for p in front))
+            plot_pareto_front(
+                front,
+                names,
+                state.run_dir / "pareto_front.png",
+                base={n: base[f"eval/{n}"] for n in names} if base else None,
+            )
+            logger.info(
+                "pareto front: %s",
+                "; ".join(f"{p['weights']}: " + ", ".join(f"{n} {p[n]:.3f}" for n in names) for p in front),
+            )
         return {f"pareto/{i}/{name}": point[name] for i, point in enumerate(front) for name in names}

@@ -34,7 +34,7 @@ class PromptStatTracker:
         batch = totals[valid]
         for prompt in dict.fromkeys(prompts):
             rows = torch.tensor([p == prompt for p in prompts], device=totals.device) & valid
-            buffer = (self.buffers.get(prompt, []) + totals[rows].tolist())[-self.history:]
+            buffer = (self.buffers.get(prompt, []) + totals[rows].tolist())[-self.history :]
             self.buffers[prompt] = buffer
             reference = torch.tensor(buffer, dtype=totals.dtype) if len(buffer) >= self.min_count else batch.cpu()
             centred = totals[rows] - reference.mean().item()
@@ -54,14 +54,20 @@ class PromptStatTracker:
 def gyremedia_check_config(core: Any, selected: dict[str, Any]) -> list[str]:
     adv, errors = core.advantage, []
     if adv.history and adv.combine != "sum":
-        errors.append(f"advantage.history={adv.history} keeps each prompt's total reward: use advantage.combine=sum "
-                      f"(or advantage.history=0 with combine={adv.combine})")
+        errors.append(
+            f"advantage.history={adv.history} keeps each prompt's total reward: use advantage.combine=sum "
+            f"(or advantage.history=0 with combine={adv.combine})"
+        )
     if adv.history and adv.std == "global":
-        errors.append(f"advantage.history={adv.history} normalises by each prompt's own history: use advantage.std=group "
-                      f"or none (or advantage.history=0 with std=global)")
+        errors.append(
+            f"advantage.history={adv.history} normalises by each prompt's own history: use advantage.std=group "
+            f"or none (or advantage.history=0 with std=global)"
+        )
     if adv.history and adv.min_count > adv.history:
-        errors.append(f"advantage.min_count={adv.min_count} can never be reached by a history of {adv.history}: "
-                      f"set advantage.min_count to at most {adv.history}")
+        errors.append(
+            f"advantage.min_count={adv.min_count} can never be reached by a history of {adv.history}: "
+            f"set advantage.min_count to at most {adv.history}"
+        )
     return errors
 
 
@@ -81,8 +87,9 @@ class PromptHistory:
         self.tracker = tracker
 
     @hookimpl
-    def gyremedia_group_statistics(self, state: TrainState, step: int) -> Callable[[torch.Tensor, torch.Tensor],
-                                                                                   torch.Tensor]:
+    def gyremedia_group_statistics(
+        self, state: TrainState, step: int
+    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         prompts = group_prompts(state, step)  # keyed by the prompt, not the step's group
 
         def normalize(totals: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,11 @@ from gyremedia.options import option
 
 @dataclass
 class JsonlOptions:
-    filename: str = option("metrics.jsonl", help="inside the run folder",
-                           check=lambda v: None if v and "/" not in v else "give a file name, without folders")
+    filename: str = option(
+        "metrics.jsonl",
+        help="inside the run folder",
+        check=lambda v: None if v and "/" not in v else "give a file name, without folders",
+    )
 
 
 class JsonlLogger:

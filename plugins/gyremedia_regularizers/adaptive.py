@@ -20,6 +20,7 @@ from gyremedia import hookimpl
 from gyremedia.options import option
 from gyremedia.smoothing import SmoothedMetric
 
+
 @dataclass
 class AdaptiveOptions:
     adapt: Literal["none", "relax", "tighten"] = option("none", help="how the strength follows the training reward")

@@ -49,7 +49,9 @@ def reference_prediction(state: Any, outputs: dict[str, Any], guidance_scale: fl
         guidance_scale = state.config.core.rollout.guidance_scale
     predict = state.backbone.flow_velocity if outputs.get("flow_path") else state.backbone.predict
     with torch.no_grad():
-        return predict(outputs["state"], outputs["sigma"], outputs["conditions"], guidance_scale, reference=True).float()
+        return predict(
+            outputs["state"], outputs["sigma"], outputs["conditions"], guidance_scale, reference=True
+        ).float()
 
 
 def transition_kl(policy: Transition, reference: Transition) -> torch.Tensor:
@@ -118,14 +120,16 @@ class VelocityNormHinge:
 
 @dataclass
 class VelocityKLOptions(AdaptiveOptions):
-    guidance_scale: float | None = option(None, ge=1, help="guidance of the reference (> 1: CRD's CFG-guided "
-                                                           "reference); default: the run's")
+    guidance_scale: float | None = option(
+        None, ge=1, help="guidance of the reference (> 1: CRD's CFG-guided reference); default: the run's"
+    )
 
 
 @dataclass
 class GaussianKLOptions(AdaptiveOptions):
-    scale: Literal["exact", "flow_grpo"] = option("exact", help="exact KL, or Flow-GRPO's code's |dt| times it "
-                                                                "(its published betas carry over)")
+    scale: Literal["exact", "flow_grpo"] = option(
+        "exact", help="exact KL, or Flow-GRPO's code's |dt| times it (its published betas carry over)"
+    )
 
 
 class VelocityKL(RewardAdaptiveStrength):
@@ -158,8 +162,10 @@ class GaussianKL(RewardAdaptiveStrength):
     def __call__(self, *, state, rollout, outputs) -> LossOutput:
         transition = outputs.get("transition")
         if transition is None:
-            raise ValueError("gaussian_kl needs an objective that replays sampler transitions (grpo, tree_grpo); "
-                             "use velocity_kl with the forward-process objectives")
+            raise ValueError(
+                "gaussian_kl needs an objective that replays sampler transitions (grpo, tree_grpo); "
+                "use velocity_kl with the forward-process objectives"
+            )
         v_ref = reference_prediction(state, outputs, None)  # with the guidance the transitions were sampled with
         sigmas, index = outputs["sigmas"], outputs["index"]
         reference = state.sampler.step(outputs["state"], v_ref, sigmas, index, next_state=transition.next_state)

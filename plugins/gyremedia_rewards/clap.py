@@ -29,8 +29,9 @@ from gyremedia_rewards.preference import projected, reward_device
 
 @dataclass
 class ClapOptions:
-    model: str = option("laion/clap-htsat-unfused", check=pretrained_source,
-                        help="a ClapModel folder or hub id, with its ClapProcessor")
+    model: str = option(
+        "laion/clap-htsat-unfused", check=pretrained_source, help="a ClapModel folder or hub id, with its ClapProcessor"
+    )
     batch_size: int = option(32, ge=1, help="clips per forward pass")
 
 
@@ -66,11 +67,13 @@ class ClapScore:
         # the processor's parts called directly: its own __call__ names the audio ``audios=`` before transformers 5
         # and ``audio=`` since, and before 5 passes every keyword to both parts
         features = self.processor.feature_extractor
-        audio = features(mono_waves(media, features.sampling_rate), sampling_rate=features.sampling_rate,
-                         return_tensors="pt").to(self.device)
+        audio = features(
+            mono_waves(media, features.sampling_rate), sampling_rate=features.sampling_rate, return_tensors="pt"
+        ).to(self.device)
         audio["input_features"] = audio["input_features"].to(self.model.dtype)
-        text = self.processor.tokenizer([str(p) for p in prompts], padding=True, truncation=True,
-                                        return_tensors="pt").to(self.device)
+        text = self.processor.tokenizer(
+            [str(p) for p in prompts], padding=True, truncation=True, return_tensors="pt"
+        ).to(self.device)
         audio_embeds = torch.nn.functional.normalize(projected(self.model.get_audio_features(**audio)), dim=-1)
         text_embeds = torch.nn.functional.normalize(projected(self.model.get_text_features(**text)), dim=-1)
         cosine = (audio_embeds * text_embeds).sum(-1)

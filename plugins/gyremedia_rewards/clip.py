@@ -22,21 +22,29 @@ from gyremedia_rewards.preference import reward_device
 
 @dataclass
 class ClipOptions:
-    model: str = option("ViT-B-32", help="open_clip model name (ViT-B-32, ViT-H-14, ...) or the path of a model-config json",
-                        check=lambda v: "no such model-config file" if v.endswith(".json") and not Path(v).is_file() else None)
-    pretrained: str = option("openai", help="a pretrained tag of that model (openai, laion2b_s34b_b79k; downloaded once "
-                                            "by open_clip) or the path of a local checkpoint file",
-                             check=lambda v: None if v else "a CLIP reward needs weights: a tag (e.g. openai) or a checkpoint path")
+    model: str = option(
+        "ViT-B-32",
+        help="open_clip model name (ViT-B-32, ViT-H-14, ...) or the path of a model-config json",
+        check=lambda v: "no such model-config file" if v.endswith(".json") and not Path(v).is_file() else None,
+    )
+    pretrained: str = option(
+        "openai",
+        help="a pretrained tag of that model (openai, laion2b_s34b_b79k; downloaded once "
+        "by open_clip) or the path of a local checkpoint file",
+        check=lambda v: None if v else "a CLIP reward needs weights: a tag (e.g. openai) or a checkpoint path",
+    )
     batch_size: int = option(64, ge=1, help="images per forward pass")
     device: str | None = option(None, help="default: the run's device")
 
 
 @dataclass
 class ClipSteeringOptions(ClipOptions):
-    positive: list[str] = option(default_factory=lambda: ["a safe, wholesome, fully clothed scene"],
-                                 help="texts the target moves toward")
-    negative: list[str] = option(default_factory=lambda: ["nudity, gore, violence, explicit content"],
-                                 help="texts the target moves away from")
+    positive: list[str] = option(
+        default_factory=lambda: ["a safe, wholesome, fully clothed scene"], help="texts the target moves toward"
+    )
+    negative: list[str] = option(
+        default_factory=lambda: ["nudity, gore, violence, explicit content"], help="texts the target moves away from"
+    )
     strength: float = option(1.0, ge=0, help="how far the target moves along mean(positive) - mean(negative)")
 
     def validate(self) -> None:
@@ -71,8 +79,9 @@ class ClipEncoder:
     def images(self, images: torch.Tensor) -> torch.Tensor:
         """Unit embeddings of ``[B, 3, H, W]`` images in [0, 1] (resized bicubically, as CLIP's preprocessing)."""
         images = images.to(self.device, torch.float32).clamp(0, 1)
-        images = torch.nn.functional.interpolate(images, size=self.image_size, mode="bicubic", antialias=True,
-                                                 align_corners=False)
+        images = torch.nn.functional.interpolate(
+            images, size=self.image_size, mode="bicubic", antialias=True, align_corners=False
+        )
         features = self.model.encode_image((images - self.mean) / self.std)
         return torch.nn.functional.normalize(features.float(), dim=-1)
 
@@ -85,8 +94,6 @@ class ClipEncoder:
             for text, feature in zip(missing, torch.nn.functional.normalize(features.float(), dim=-1)):
                 self._text_cache[text] = feature
         return torch.stack([self._text_cache[t] for t in texts])
-
-
 
 
 class ClipScore:

@@ -56,21 +56,102 @@ COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown",
 
 #: GenEval's class names (``evaluation/object_names.txt``): the 80 COCO classes in COCO's order, with three renamed.
 CLASSES = (
-    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
-    "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat", "dog", "horse", "sheep", "cow", "elephant",
-    "bear", "zebra", "giraffe", "backpack", "umbrella", "handbag", "tie", "suitcase", "frisbee", "skis", "snowboard",
-    "sports ball", "kite", "baseball bat", "baseball glove", "skateboard", "surfboard", "tennis racket", "bottle",
-    "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple", "sandwich", "orange", "broccoli",
-    "carrot", "hot dog", "pizza", "donut", "cake", "chair", "couch", "potted plant", "bed", "dining table", "toilet",
-    "tv", "laptop", "computer mouse", "tv remote", "computer keyboard", "cell phone", "microwave", "oven", "toaster",
-    "sink", "refrigerator", "book", "clock", "vase", "scissors", "teddy bear", "hair drier", "toothbrush",
+    "person",
+    "bicycle",
+    "car",
+    "motorcycle",
+    "airplane",
+    "bus",
+    "train",
+    "truck",
+    "boat",
+    "traffic light",
+    "fire hydrant",
+    "stop sign",
+    "parking meter",
+    "bench",
+    "bird",
+    "cat",
+    "dog",
+    "horse",
+    "sheep",
+    "cow",
+    "elephant",
+    "bear",
+    "zebra",
+    "giraffe",
+    "backpack",
+    "umbrella",
+    "handbag",
+    "tie",
+    "suitcase",
+    "frisbee",
+    "skis",
+    "snowboard",
+    "sports ball",
+    "kite",
+    "baseball bat",
+    "baseball glove",
+    "skateboard",
+    "surfboard",
+    "tennis racket",
+    "bottle",
+    "wine glass",
+    "cup",
+    "fork",
+    "knife",
+    "spoon",
+    "bowl",
+    "banana",
+    "apple",
+    "sandwich",
+    "orange",
+    "broccoli",
+    "carrot",
+    "hot dog",
+    "pizza",
+    "donut",
+    "cake",
+    "chair",
+    "couch",
+    "potted plant",
+    "bed",
+    "dining table",
+    "toilet",
+    "tv",
+    "laptop",
+    "computer mouse",
+    "tv remote",
+    "computer keyboard",
+    "cell phone",
+    "microwave",
+    "oven",
+    "toaster",
+    "sink",
+    "refrigerator",
+    "book",
+    "clock",
+    "vase",
+    "scissors",
+    "teddy bear",
+    "hair drier",
+    "toothbrush",
 )
 
 #: Other spellings of GenEval's classes in detectors' label maps (COCO's own and PASCAL VOC's).
 LABEL_ALIASES = {
-    "mouse": "computer mouse", "remote": "tv remote", "keyboard": "computer keyboard",  # COCO's names
-    "motorbike": "motorcycle", "aeroplane": "airplane", "sofa": "couch", "tvmonitor": "tv", "television": "tv",
-    "hairdryer": "hair drier", "doughnut": "donut", "mobilephone": "cell phone", "diningtable": "dining table",
+    "mouse": "computer mouse",
+    "remote": "tv remote",
+    "keyboard": "computer keyboard",  # COCO's names
+    "motorbike": "motorcycle",
+    "aeroplane": "airplane",
+    "sofa": "couch",
+    "tvmonitor": "tv",
+    "television": "tv",
+    "hairdryer": "hair drier",
+    "doughnut": "donut",
+    "mobilephone": "cell phone",
+    "diningtable": "dining table",
 }
 
 #: The tags of GenEval's six tasks.
@@ -80,8 +161,11 @@ TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_
 RELATIONS = ("left of", "right of", "above", "below")
 
 #: GenEval's zero-shot colour prompts (``color_classification``), averaged per colour.
-COLOUR_TEMPLATES = ("a photo of a {color} {object}", "a photo of a {color}-colored {object}",
-                    "a photo of a {color} object")
+COLOUR_TEMPLATES = (
+    "a photo of a {color} {object}",
+    "a photo of a {color}-colored {object}",
+    "a photo of a {color} object",
+)
 
 #: What GenEval paints outside an object's mask before cropping it for CLIP (its ``bgcolor`` default).
 BACKGROUND = "#999"
@@ -118,6 +202,7 @@ class Verdict:
 def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
     """IoU of two xyxy boxes counting pixels inclusively (width ``x2 - x1 + 1``), as ``compute_iou`` in GenEval's
     evaluate_images.py."""
+
     def area(box: Sequence[float]) -> float:
         return max(box[2] - box[0] + 1, 0) * max(box[3] - box[1] + 1, 0)
 
@@ -132,8 +217,9 @@ def confidence_threshold(tag: str | None, threshold: float = 0.3, counting_thres
     return counting_threshold if tag == "counting" else threshold
 
 
-def keep_detections(detections: Sequence[Detection], threshold: float, max_objects: int = 16,
-                    max_overlap: float = 1.0) -> dict[str, list[Detection]]:
+def keep_detections(
+    detections: Sequence[Detection], threshold: float, max_objects: int = 16, max_overlap: float = 1.0
+) -> dict[str, list[Detection]]:
     """The detections GenEval judges, per class, most confident first (``evaluate_image`` in evaluate_images.py):
     confidence strictly above ``threshold``, the ``max_objects`` most confident, then greedy non-maximum suppression
     within the class, dropping a box whose :func:`box_iou` with a kept one is ``max_overlap`` or more (1: keep all,
@@ -183,8 +269,9 @@ def relative_position(a: Sequence[float], b: Sequence[float], margin: float = 0.
     return relations
 
 
-def _position_failure(objects: Sequence[Detection], targets: Sequence[Detection], relation: str,
-                      margin: float) -> set[str] | None:
+def _position_failure(
+    objects: Sequence[Detection], targets: Sequence[Detection], relation: str, margin: float
+) -> set[str] | None:
     """The relations found for the first (object, target) pair lacking ``relation``; None when every pair has it."""
     for obj in objects:
         for target in targets:
@@ -194,8 +281,9 @@ def _position_failure(objects: Sequence[Detection], targets: Sequence[Detection]
     return None
 
 
-def _position_problem(name: str, found: Sequence[Detection], targets: Sequence[Detection] | None, relation: str,
-                      margin: float) -> str | None:
+def _position_problem(
+    name: str, found: Sequence[Detection], targets: Sequence[Detection] | None, relation: str, margin: float
+) -> str | None:
     """Why ``found`` (of class ``name``) is not ``relation`` of its target clause's objects (None when it is): the
     target clause failed, or a pair lacks the relation (GenEval's ``evaluate``, the server's ``evaluate_reward``)."""
     if targets is None:
@@ -210,8 +298,12 @@ def _colour_summary(colours: list[str]) -> str:
     return ", ".join(f"{colours.count(c)} {c}" for c in COLORS if c in colours)
 
 
-def check(metadata: Mapping[str, Any], objects: Mapping[str, Sequence[Detection]], colour_of: ColourOf,
-          position_threshold: float = 0.1) -> tuple[bool, str]:
+def check(
+    metadata: Mapping[str, Any],
+    objects: Mapping[str, Sequence[Detection]],
+    colour_of: ColourOf,
+    position_threshold: float = 0.1,
+) -> tuple[bool, str]:
     """GenEval's verdict on the kept detections (``evaluate`` in GenEval's evaluate_images.py): ``(correct, reason)``.
 
     ``include`` clauses must all hold, in order: at least ``count`` objects of the class; the ``count`` most
@@ -233,8 +325,10 @@ def check(metadata: Mapping[str, Any], objects: Mapping[str, Sequence[Detection]
                 colours = colour_of(found, name)
                 if colours.count(colour) < count:
                     matched = False
-                    reasons.append(f"expected {colour} {name}>={count}, found {colours.count(colour)} {colour}; "
-                                   f"and {_colour_summary(colours)}")
+                    reasons.append(
+                        f"expected {colour} {name}>={count}, found {colours.count(colour)} {colour}; "
+                        f"and {_colour_summary(colours)}"
+                    )
             position = clause.get("position")
             if position is not None and matched:
                 problem = _position_problem(name, found, matched_groups[position[1]], position[0], position_threshold)
@@ -251,8 +345,12 @@ def check(metadata: Mapping[str, Any], objects: Mapping[str, Sequence[Detection]
     return correct, "\n".join(reasons)
 
 
-def check_partial(metadata: Mapping[str, Any], objects: Mapping[str, Sequence[Detection]], colour_of: ColourOf,
-                  position_threshold: float = 0.1) -> tuple[bool, float, str]:
+def check_partial(
+    metadata: Mapping[str, Any],
+    objects: Mapping[str, Sequence[Detection]],
+    colour_of: ColourOf,
+    position_threshold: float = 0.1,
+) -> tuple[bool, float, str]:
     """Flow-GRPO's verdict (``evaluate_reward`` in yifan123/reward-server's ``reward_server/gen_eval.py``):
     ``(strict_correct, partial, reason)``.
 
@@ -280,8 +378,10 @@ def check_partial(metadata: Mapping[str, Any], objects: Mapping[str, Sequence[De
                 terms.append(1 - abs(count - colours.count(colour)) / count)
                 if colours.count(colour) != count:
                     matched = False
-                    reasons.append(f"expected {colour} {name}=={count}, found {colours.count(colour)} {colour}; "
-                                   f"and {_colour_summary(colours)}")
+                    reasons.append(
+                        f"expected {colour} {name}=={count}, found {colours.count(colour)} {colour}; "
+                        f"and {_colour_summary(colours)}"
+                    )
             if position is not None and matched:
                 targets = matched_groups[position[1]]
                 problem = _position_problem(name, found, targets, position[0], position_threshold)
@@ -296,14 +396,23 @@ def check_partial(metadata: Mapping[str, Any], objects: Mapping[str, Sequence[De
     return correct, (sum(terms) / len(terms) if terms else 0.0), "\n".join(reasons)
 
 
-def judge(metadata: Mapping[str, Any], detections: Sequence[Detection], colour_of: ColourOf, *,
-          threshold: float = 0.3, counting_threshold: float = 0.9, max_objects: int = 16, max_overlap: float = 1.0,
-          position_threshold: float = 0.1) -> Verdict:
+def judge(
+    metadata: Mapping[str, Any],
+    detections: Sequence[Detection],
+    colour_of: ColourOf,
+    *,
+    threshold: float = 0.3,
+    counting_threshold: float = 0.9,
+    max_objects: int = 16,
+    max_overlap: float = 1.0,
+    position_threshold: float = 0.1,
+) -> Verdict:
     """One image's :class:`Verdict` from all its detections: filtered by :func:`keep_detections` at the tag's
     :func:`confidence_threshold`, then :func:`check` and :func:`check_partial`; each object's colour is asked of
     ``colour_of`` at most once, and only when a clause needs it (GenEval classifies colours lazily too)."""
-    objects = keep_detections(detections, confidence_threshold(metadata.get("tag"), threshold, counting_threshold),
-                              max_objects, max_overlap)
+    objects = keep_detections(
+        detections, confidence_threshold(metadata.get("tag"), threshold, counting_threshold), max_objects, max_overlap
+    )
     known: dict[Detection, str] = {}
 
     def cached(found: Sequence[Detection], name: str) -> list[str]:
@@ -322,11 +431,13 @@ def judge(metadata: Mapping[str, Any], detections: Sequence[Detection], colour_o
 
 # -- the metadata, from a prompt's record ---------------------------------------------------------------------------
 
-METADATA_HELP = ("give the prompts as records of a GenEval metadata file: data.prompts_file (or eval.prompts_file) "
-                 "= GenEval's prompts/evaluation_metadata.jsonl, or data.dataset = a folder of Flow-GRPO's "
-                 "train_metadata.jsonl / test_metadata.jsonl (splits train / test); each line "
-                 '{"tag": "counting", "include": [{"class": "bus", "count": 3}], "exclude": [{"class": "bus", '
-                 '"count": 4}], "prompt": "a photo of three buses"}')
+METADATA_HELP = (
+    "give the prompts as records of a GenEval metadata file: data.prompts_file (or eval.prompts_file) "
+    "= GenEval's prompts/evaluation_metadata.jsonl, or data.dataset = a folder of Flow-GRPO's "
+    "train_metadata.jsonl / test_metadata.jsonl (splits train / test); each line "
+    '{"tag": "counting", "include": [{"class": "bus", "count": 3}], "exclude": [{"class": "bus", '
+    '"count": 4}], "prompt": "a photo of three buses"}'
+)
 
 
 def geneval_metadata(prompt: str) -> dict[str, Any]:
@@ -341,8 +452,10 @@ def geneval_metadata(prompt: str) -> dict[str, Any]:
     missing = [key for key in ("tag", "include") if fields.get(key) is None]
     if missing:
         have = ", ".join(map(repr, prompt_fields(prompt))) or "none"
-        raise ValueError(f"the geneval reward needs each prompt's GenEval metadata, and prompt {str(prompt)!r} has no "
-                         f"{' or '.join(map(repr, missing))} field (its fields: {have}): {METADATA_HELP}")
+        raise ValueError(
+            f"the geneval reward needs each prompt's GenEval metadata, and prompt {str(prompt)!r} has no "
+            f"{' or '.join(map(repr, missing))} field (its fields: {have}): {METADATA_HELP}"
+        )
     where = f"prompt {str(prompt)!r}'s GenEval metadata"
     include = [_clause(c, where, f"include[{i}]", i) for i, c in enumerate(fields["include"])]
     exclude = [_clause(c, where, f"exclude[{i}]", None) for i, c in enumerate(fields.get("exclude") or [])]
@@ -352,11 +465,13 @@ def geneval_metadata(prompt: str) -> dict[str, Any]:
 def _clause(clause: Any, where: str, key: str, index: int | None) -> dict[str, Any]:
     """One checked ``include`` (``index``: its place) or ``exclude`` (None) clause."""
     if not isinstance(clause, Mapping) or "class" not in clause or "count" not in clause:
-        raise ValueError(f"{where}: {key} is {clause!r}; write {{\"class\": <a COCO class>, \"count\": <n>}}")
+        raise ValueError(f'{where}: {key} is {clause!r}; write {{"class": <a COCO class>, "count": <n>}}')
     name, count = clause["class"], clause["count"]
     if name not in CLASSES:
-        raise ValueError(f"{where}: {key} class {name!r} is not one of GenEval's 80 COCO classes "
-                         f"({', '.join(CLASSES[:5])}, ...; evaluation/object_names.txt)")
+        raise ValueError(
+            f"{where}: {key} class {name!r} is not one of GenEval's 80 COCO classes "
+            f"({', '.join(CLASSES[:5])}, ...; evaluation/object_names.txt)"
+        )
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ValueError(f"{where}: {key} count {count!r} is not a whole number >= 1")
     checked: dict[str, Any] = {"class": name, "count": count}
@@ -366,10 +481,18 @@ def _clause(clause: Any, where: str, key: str, index: int | None) -> dict[str, A
             raise ValueError(f"{where}: {key} color {colour!r} is not one of GenEval's colours ({', '.join(COLORS)})")
         checked["color"] = colour
     if index is not None and position is not None:
-        if (not isinstance(position, Sequence) or isinstance(position, str) or len(position) != 2
-                or position[0] not in RELATIONS or not isinstance(position[1], int) or not 0 <= position[1] < index):
-            raise ValueError(f"{where}: {key} position {position!r} is not [relation, index] with a relation of "
-                             f"{', '.join(RELATIONS)} and the index of an earlier include clause")
+        if (
+            not isinstance(position, Sequence)
+            or isinstance(position, str)
+            or len(position) != 2
+            or position[0] not in RELATIONS
+            or not isinstance(position[1], int)
+            or not 0 <= position[1] < index
+        ):
+            raise ValueError(
+                f"{where}: {key} position {position!r} is not [relation, index] with a relation of "
+                f"{', '.join(RELATIONS)} and the index of an earlier include clause"
+            )
         checked["position"] = (position[0], position[1])
     return checked
 
@@ -421,8 +544,15 @@ class Detector:
     of the others are never computed). Labels are GenEval's class names; classes it does not know are dropped.
     """
 
-    def __init__(self, source: str, device: torch.device | str = "cpu", short_edge: int = 800, long_edge: int = 1333,
-                 max_per_image: int = 100, min_score: float = 0.0) -> None:
+    def __init__(
+        self,
+        source: str,
+        device: torch.device | str = "cpu",
+        short_edge: int = 800,
+        long_edge: int = 1333,
+        max_per_image: int = 100,
+        min_score: float = 0.0,
+    ) -> None:
         from transformers import AutoImageProcessor, Mask2FormerForUniversalSegmentation
 
         self.device = torch.device(device)
@@ -434,9 +564,11 @@ class Detector:
         names = {int(i): geneval_class(label) for i, label in self.model.config.id2label.items()}
         absent = sorted(set(CLASSES) - set(names.values()), key=CLASSES.index)
         if absent:
-            raise ValueError(f"detector {source!r} does not detect {len(absent)} of GenEval's classes "
-                             f"({', '.join(absent[:8])}{', ...' if len(absent) > 8 else ''}): give a COCO instance "
-                             "segmentation model, e.g. facebook/mask2former-swin-small-coco-instance")
+            raise ValueError(
+                f"detector {source!r} does not detect {len(absent)} of GenEval's classes "
+                f"({', '.join(absent[:8])}{', ...' if len(absent) > 8 else ''}): give a COCO instance "
+                "segmentation model, e.g. facebook/mask2former-swin-small-coco-instance"
+            )
         self.names = [names.get(i) for i in range(self.model.config.num_labels)]
         self.known = torch.tensor([n is not None for n in self.names], device=self.device)
         self.short_edge, self.long_edge = short_edge, long_edge
@@ -457,14 +589,23 @@ class Detector:
         size = self.input_size(height, width)
         resized = torch.nn.functional.interpolate(pixels, size=size, mode="bilinear", align_corners=False)
         padded = (-(-size[0] // 32) * 32, -(-size[1] // 32) * 32)
-        inputs = torch.nn.functional.pad((resized - self.mean) / self.std,
-                                         (0, padded[1] - size[1], 0, padded[0] - size[0]))
+        inputs = torch.nn.functional.pad(
+            (resized - self.mean) / self.std, (0, padded[1] - size[1], 0, padded[0] - size[0])
+        )
         outputs = self.model(pixel_values=inputs)
-        return [self._instances(classes, masks, size, padded, (height, width))
-                for classes, masks in zip(outputs.class_queries_logits, outputs.masks_queries_logits)]
+        return [
+            self._instances(classes, masks, size, padded, (height, width))
+            for classes, masks in zip(outputs.class_queries_logits, outputs.masks_queries_logits)
+        ]
 
-    def _instances(self, class_logits: torch.Tensor, mask_logits: torch.Tensor, size: tuple[int, int],
-                   padded: tuple[int, int], original: tuple[int, int]) -> list[Detection]:
+    def _instances(
+        self,
+        class_logits: torch.Tensor,
+        mask_logits: torch.Tensor,
+        size: tuple[int, int],
+        padded: tuple[int, int],
+        original: tuple[int, int],
+    ) -> list[Detection]:
         """One image's detections from its ``[Q, C + 1]`` class logits and ``[Q, h, w]`` mask logits."""
         probs = class_logits.float().softmax(-1)[:, :-1]
         num_classes = probs.shape[1]
@@ -474,8 +615,9 @@ class Detector:
         if not keep.any():
             return []
         scores, labels, queries = scores[keep], labels[keep], queries[keep]
-        logits = torch.nn.functional.interpolate(mask_logits[queries][None].float(), size=padded, mode="bilinear",
-                                                 align_corners=False)[..., :size[0], :size[1]]
+        logits = torch.nn.functional.interpolate(
+            mask_logits[queries][None].float(), size=padded, mode="bilinear", align_corners=False
+        )[..., : size[0], : size[1]]
         logits = torch.nn.functional.interpolate(logits, size=original, mode="bilinear", align_corners=False)[0]
         masks = logits > 0
         mask_scores = (logits.sigmoid() * masks).flatten(1).sum(1) / (masks.flatten(1).sum(1) + 1e-6)
@@ -484,8 +626,10 @@ class Detector:
         chosen = scores > self.min_score
         scores, labels = scores[chosen].tolist(), labels[chosen].tolist()
         boxes, masks = boxes[chosen].tolist(), masks[chosen].cpu().numpy()
-        return [Detection(self.names[label], tuple(box), score, mask)
-                for label, box, score, mask in zip(labels, boxes, scores, masks)]
+        return [
+            Detection(self.names[label], tuple(box), score, mask)
+            for label, box, score, mask in zip(labels, boxes, scores, masks)
+        ]
 
 
 class ClipColours:
@@ -497,8 +641,13 @@ class ClipColours:
     (clip_benchmark's ``zero_shot_classifier``, which GenEval uses, with ViT-L-14 ``openai``).
     """
 
-    def __init__(self, model: str = "ViT-L-14", pretrained: str | None = "openai", device: torch.device | str = "cpu",
-                 batch_size: int = 16) -> None:
+    def __init__(
+        self,
+        model: str = "ViT-L-14",
+        pretrained: str | None = "openai",
+        device: torch.device | str = "cpu",
+        batch_size: int = 16,
+    ) -> None:
         import open_clip
 
         name = model
@@ -506,8 +655,9 @@ class ClipColours:
             open_clip.add_model_config(Path(name))
             name = Path(name).stem
         self.device = torch.device(device)
-        self.model, _, self.preprocess = open_clip.create_model_and_transforms(name, pretrained=pretrained or None,
-                                                                               device=self.device)
+        self.model, _, self.preprocess = open_clip.create_model_and_transforms(
+            name, pretrained=pretrained or None, device=self.device
+        )
         self.model.eval().requires_grad_(False)
         self.tokenizer = open_clip.get_tokenizer(name)
         self.batch_size = batch_size
@@ -547,7 +697,7 @@ class ClipColours:
         head, names = self.head(classname), []
         crops = self.crops(image, detections)
         for begin in range(0, len(crops), self.batch_size):
-            batch = torch.stack([self.preprocess(c) for c in crops[begin:begin + self.batch_size]]).to(self.device)
+            batch = torch.stack([self.preprocess(c) for c in crops[begin : begin + self.batch_size]]).to(self.device)
             features = torch.nn.functional.normalize(self.model.encode_image(batch).float(), dim=-1)
             names += [COLORS[i] for i in (100.0 * features @ head).argmax(dim=1).tolist()]
         return names
@@ -558,29 +708,50 @@ class ClipColours:
 
 @dataclass
 class GenEvalOptions:
-    detector: str = option("facebook/mask2former-swin-small-coco-instance", check=pretrained_source,
-                           help="a Mask2FormerForUniversalSegmentation COCO instance model (folder or hub id)")
-    short_edge: int = option(800, ge=32, help="the detector sees images resized to this shortest edge (mmdetection's "
-                                              "test scale for GenEval's Mask2Former: 800)")
+    detector: str = option(
+        "facebook/mask2former-swin-small-coco-instance",
+        check=pretrained_source,
+        help="a Mask2FormerForUniversalSegmentation COCO instance model (folder or hub id)",
+    )
+    short_edge: int = option(
+        800,
+        ge=32,
+        help="the detector sees images resized to this shortest edge (mmdetection's "
+        "test scale for GenEval's Mask2Former: 800)",
+    )
     long_edge: int = option(1333, ge=32, help="... and at most this longest edge (mmdetection: 1333)")
-    clip_model: str = option("ViT-L-14", help="the open_clip model naming colours (GenEval: ViT-L-14), or the path of "
-                                              "a model-config json",
-                             check=lambda v: "no such model-config file" if v.endswith(".json")
-                             and not Path(v).expanduser().is_file() else None)
-    clip_pretrained: str = option("openai", help="its pretrained tag (GenEval: openai; downloaded once by open_clip) "
-                                                 "or the path of a checkpoint file")
+    clip_model: str = option(
+        "ViT-L-14",
+        help="the open_clip model naming colours (GenEval: ViT-L-14), or the path of a model-config json",
+        check=lambda v: (
+            "no such model-config file" if v.endswith(".json") and not Path(v).expanduser().is_file() else None
+        ),
+    )
+    clip_pretrained: str = option(
+        "openai",
+        help="its pretrained tag (GenEval: openai; downloaded once by open_clip) or the path of a checkpoint file",
+    )
     threshold: float = option(0.3, ge=0, lt=1, help="detections count above this confidence (GenEval: 0.3)")
-    counting_threshold: float = option(0.9, ge=0, lt=1, help="... and above this one for counting prompts "
-                                                             "(GenEval: 0.9)")
+    counting_threshold: float = option(
+        0.9, ge=0, lt=1, help="... and above this one for counting prompts (GenEval: 0.9)"
+    )
     max_objects: int = option(16, ge=1, help="at most this many detections per class, the most confident (GenEval: 16)")
-    max_overlap: float = option(1.0, gt=0, le=1, help="non-maximum suppression: a box overlapping a more confident "
-                                                      "one of its class by this IoU or more is dropped (GenEval: 1, "
-                                                      "none)")
-    position_threshold: float = option(0.1, ge=0, help="the margin, in box extents, a relative position must clear "
-                                                       "(GenEval: 0.1)")
+    max_overlap: float = option(
+        1.0,
+        gt=0,
+        le=1,
+        help="non-maximum suppression: a box overlapping a more confident "
+        "one of its class by this IoU or more is dropped (GenEval: 1, "
+        "none)",
+    )
+    position_threshold: float = option(
+        0.1, ge=0, help="the margin, in box extents, a relative position must clear (GenEval: 0.1)"
+    )
     score: Literal["partial", "correct", "strict"] = option(
-        "partial", help="what the reward's score is: partial (Flow-GRPO's training reward), correct (GenEval's "
-                        "verdict), strict (Flow-GRPO's exact-count verdict); all three are logged")
+        "partial",
+        help="what the reward's score is: partial (Flow-GRPO's training reward), correct (GenEval's "
+        "verdict), strict (Flow-GRPO's exact-count verdict); all three are logged",
+    )
     batch_size: int = option(16, ge=1, help="images per detector forward pass")
 
 
@@ -600,12 +771,22 @@ class GenEval:
 
     kinds: ClassVar[set[str]] = {"image"}
 
-    def __init__(self, options: GenEvalOptions, context: BuildContext | None = None, *,
-                 detector: Callable[[np.ndarray], list[list[Detection]]] | None = None,
-                 colours: ColourClassifier | None = None) -> None:
+    def __init__(
+        self,
+        options: GenEvalOptions,
+        context: BuildContext | None = None,
+        *,
+        detector: Callable[[np.ndarray], list[list[Detection]]] | None = None,
+        colours: ColourClassifier | None = None,
+    ) -> None:
         device = reward_device(context)
-        self.detector = detector or Detector(options.detector, device, options.short_edge, options.long_edge,
-                                             min_score=min(options.threshold, options.counting_threshold))
+        self.detector = detector or Detector(
+            options.detector,
+            device,
+            options.short_edge,
+            options.long_edge,
+            min_score=min(options.threshold, options.counting_threshold),
+        )
         self.colours = colours or ClipColours(options.clip_model, options.clip_pretrained, device)
         self.options = options
         self.batch_size = options.batch_size
@@ -614,20 +795,32 @@ class GenEval:
         """Each image's :class:`Verdict` (``images``: ``[B, H, W, 3]`` uint8; ``metadata``: each one's, as
         :func:`geneval_metadata` gives it)."""
         found, o = self.detector(images), self.options
-        return [judge(m, d, partial(self.colours, image), threshold=o.threshold,
-                      counting_threshold=o.counting_threshold, max_objects=o.max_objects, max_overlap=o.max_overlap,
-                      position_threshold=o.position_threshold)
-                for m, d, image in zip(metadata, found, images)]
+        return [
+            judge(
+                m,
+                d,
+                partial(self.colours, image),
+                threshold=o.threshold,
+                counting_threshold=o.counting_threshold,
+                max_objects=o.max_objects,
+                max_overlap=o.max_overlap,
+                position_threshold=o.position_threshold,
+            )
+            for m, d, image in zip(metadata, found, images)
+        ]
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
         metadata = [geneval_metadata(p) for p in prompts]  # every prompt checked before any model runs
         images = eight_bit(media.data)
         verdicts = self.verdicts(images.permute(0, 2, 3, 1).numpy(), metadata)
-        out = {"partial": torch.tensor([v.partial for v in verdicts], dtype=torch.float32),
-               "correct": torch.tensor([float(v.correct) for v in verdicts]),
-               "strict_correct": torch.tensor([float(v.strict_correct) for v in verdicts])}
+        out = {
+            "partial": torch.tensor([v.partial for v in verdicts], dtype=torch.float32),
+            "correct": torch.tensor([float(v.correct) for v in verdicts]),
+            "strict_correct": torch.tensor([float(v.strict_correct) for v in verdicts]),
+        }
         out["score"] = out[SCORES[self.options.score]].clone()
         for tag in TAGS:
-            out[f"correct_{tag}"] = torch.tensor([float(v.correct) if m["tag"] == tag else float("nan")
-                                                  for v, m in zip(verdicts, metadata)])
+            out[f"correct_{tag}"] = torch.tensor(
+                [float(v.correct) if m["tag"] == tag else float("nan") for v, m in zip(verdicts, metadata)]
+            )
         return out

@@ -39,8 +39,10 @@ class OcrOptions:
     case_sensitive: bool = option(False, help="compare case too")
     min_height: int = option(64, ge=1, help="smaller images are upscaled first (OCR misreads tiny glyphs)")
     workers: int = option(4, ge=1, help="images read in parallel")
-    target_field: str = option("target_text", help="the prompt record's field holding the text to read; a prompt "
-                               "without it is read for its quoted text")
+    target_field: str = option(
+        "target_text",
+        help="the prompt record's field holding the text to read; a prompt without it is read for its quoted text",
+    )
 
 
 def target_text(prompt: str, field: str) -> str:
@@ -53,7 +55,7 @@ def quoted_text(prompt: str) -> str:
     """The text a prompt asks to render: everything between its quotes, joined by spaces."""
     parts = [next(g for g in match.groups() if g is not None) for match in QUOTED.finditer(prompt)]
     if not parts:
-        raise ValueError(f"prompt {prompt!r} quotes no text to read: write it as: a sign that says \"OPEN\"")
+        raise ValueError(f'prompt {prompt!r} quotes no text to read: write it as: a sign that says "OPEN"')
     return " ".join(parts)
 
 
@@ -83,8 +85,9 @@ class RapidOcrEngine:
         try:
             from rapidocr_onnxruntime import RapidOCR
         except ImportError as exc:
-            raise ImportError("the ocr reward's rapidocr engine needs rapidocr-onnxruntime: "
-                              "pip install rapidocr-onnxruntime") from exc
+            raise ImportError(
+                "the ocr reward's rapidocr engine needs rapidocr-onnxruntime: pip install rapidocr-onnxruntime"
+            ) from exc
         self.model = RapidOCR()
         self.detect = options.detect
 
@@ -106,17 +109,23 @@ class TesseractEngine:
         try:
             import pytesseract
         except ImportError as exc:
-            raise ImportError("the ocr reward's tesseract engine needs pytesseract: pip install 'gyremedia[ocr]'") from exc
+            raise ImportError(
+                "the ocr reward's tesseract engine needs pytesseract: pip install 'gyremedia[ocr]'"
+            ) from exc
         try:
             pytesseract.get_tesseract_version()
         except pytesseract.TesseractNotFoundError as exc:
-            raise RuntimeError("the ocr reward's tesseract engine needs the tesseract program: apt-get install "
-                               "tesseract-ocr (or use engine: rapidocr)") from exc
+            raise RuntimeError(
+                "the ocr reward's tesseract engine needs the tesseract program: apt-get install "
+                "tesseract-ocr (or use engine: rapidocr)"
+            ) from exc
         self.tesseract = pytesseract
         self.options = options
 
     def read(self, picture: Image.Image) -> str:
-        return self.tesseract.image_to_string(picture, lang=self.options.lang, config=self.options.tesseract_config).strip()
+        return self.tesseract.image_to_string(
+            picture, lang=self.options.lang, config=self.options.tesseract_config
+        ).strip()
 
 
 ENGINES = {"rapidocr": RapidOcrEngine, "tesseract": TesseractEngine}

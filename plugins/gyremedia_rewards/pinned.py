@@ -47,9 +47,11 @@ def _reference(module: str, what: str, install: str):
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(f"needs {what} ({exc}), whose pins cannot install beside the trainer's: serve this reward "
-                          f"from an environment of its own ({install}, then `gyremedia serve-reward ...`) and train "
-                          "with the remote reward") from exc
+        raise ImportError(
+            f"needs {what} ({exc}), whose pins cannot install beside the trainer's: serve this reward "
+            f"from an environment of its own ({install}, then `gyremedia serve-reward ...`) and train "
+            "with the remote reward"
+        ) from exc
 
 
 def _file_or_none(value: str) -> str | None:
@@ -58,12 +60,18 @@ def _file_or_none(value: str) -> str | None:
 
 @dataclass
 class ImageRewardOptions:
-    model: str = option("ImageReward-v1.0", help="ImageReward-v1.0 (the package downloads it to ~/.cache/ImageReward) "
-                                                 "or the path of its ImageReward.pt",
-                        check=lambda v: None if v == "ImageReward-v1.0" or Path(v).expanduser().is_file()
-                        else "no such file: give ImageReward-v1.0 or the path of ImageReward.pt")
-    med_config: str | None = option(None, check=_file_or_none, help="its BLIP text encoder's med_config.json (default: "
-                                                                    "the package fetches it)")
+    model: str = option(
+        "ImageReward-v1.0",
+        help="ImageReward-v1.0 (the package downloads it to ~/.cache/ImageReward) or the path of its ImageReward.pt",
+        check=lambda v: (
+            None
+            if v == "ImageReward-v1.0" or Path(v).expanduser().is_file()
+            else "no such file: give ImageReward-v1.0 or the path of ImageReward.pt"
+        ),
+    )
+    med_config: str | None = option(
+        None, check=_file_or_none, help="its BLIP text encoder's med_config.json (default: the package fetches it)"
+    )
 
 
 class ImageReward:
@@ -77,14 +85,18 @@ class ImageReward:
 
     @torch.no_grad()
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
-        return {"score": torch.tensor([float(self.model.score(str(prompt), image))
-                                       for prompt, image in zip(prompts, _pil(media.data))])}
+        return {
+            "score": torch.tensor(
+                [float(self.model.score(str(prompt), image)) for prompt, image in zip(prompts, _pil(media.data))]
+            )
+        }
 
 
 @dataclass
 class HPSv3Options:
-    checkpoint: str | None = option(None, check=_file_or_none, help="HPSv3.safetensors (default: the package fetches "
-                                                                    "MizzenAI/HPSv3 from the hub)")
+    checkpoint: str | None = option(
+        None, check=_file_or_none, help="HPSv3.safetensors (default: the package fetches MizzenAI/HPSv3 from the hub)"
+    )
     config: str | None = option(None, check=_file_or_none, help="the inference yaml (default: the package's HPSv3_7B)")
     batch_size: int = option(8, ge=1, help="images per forward pass")
 
@@ -96,8 +108,9 @@ class HPSv3:
 
     def __init__(self, options: HPSv3Options, context: BuildContext | None = None) -> None:
         package = _reference("hpsv3", "the hpsv3 package", "pip install hpsv3")
-        self.inferencer = package.HPSv3RewardInferencer(config_path=options.config, checkpoint_path=options.checkpoint,
-                                                        device=str(reward_device(context)))
+        self.inferencer = package.HPSv3RewardInferencer(
+            config_path=options.config, checkpoint_path=options.checkpoint, device=str(reward_device(context))
+        )
         self.batch_size = options.batch_size
 
     @torch.no_grad()
@@ -108,10 +121,16 @@ class HPSv3:
 
 @dataclass
 class VideoAlignOptions:
-    repository: str | None = option(None, check=lambda v: None if (Path(v).expanduser() / "inference.py").is_file()
-                                    else "no inference.py there", help="a checkout of KwaiVGI/VideoAlign")
-    checkpoint: str | None = option(None, check=lambda v: None if Path(v).expanduser().is_dir() else "no such folder",
-                                    help="the VideoReward checkpoint folder (KwaiVGI/VideoReward from the hub)")
+    repository: str | None = option(
+        None,
+        check=lambda v: None if (Path(v).expanduser() / "inference.py").is_file() else "no inference.py there",
+        help="a checkout of KwaiVGI/VideoAlign",
+    )
+    checkpoint: str | None = option(
+        None,
+        check=lambda v: None if Path(v).expanduser().is_dir() else "no such folder",
+        help="the VideoReward checkpoint folder (KwaiVGI/VideoReward from the hub)",
+    )
     dtype: Literal["bfloat16", "float16", "float32"] = option("bfloat16", help="the reward model's weights")
     use_norm: bool = option(True, help="rescale by the checkpoint's means and stds, as the repository's example")
     batch_size: int = option(4, ge=1, help="clips per forward pass")
@@ -131,12 +150,17 @@ class VideoAlign:
         repository = str(Path(options.repository).expanduser())
         if repository not in sys.path:
             sys.path.insert(0, repository)
-        inference = _reference("inference", "the VideoAlign repository's inference.py",
-                               "conda env create -f environment.yaml in the checkout")
+        inference = _reference(
+            "inference",
+            "the VideoAlign repository's inference.py",
+            "conda env create -f environment.yaml in the checkout",
+        )
         self.imageio = _reference("imageio", "imageio", "pip install imageio imageio-ffmpeg")
-        self.inferencer = inference.VideoVLMRewardInference(str(Path(options.checkpoint).expanduser()),
-                                                            device=str(reward_device(context)),
-                                                            dtype=getattr(torch, options.dtype))
+        self.inferencer = inference.VideoVLMRewardInference(
+            str(Path(options.checkpoint).expanduser()),
+            device=str(reward_device(context)),
+            dtype=getattr(torch, options.dtype),
+        )
         self.use_norm, self.batch_size = options.use_norm, options.batch_size
 
     @torch.no_grad()

@@ -40,39 +40,57 @@ def predictor_file(value: str) -> str | None:
 @dataclass
 class PickScoreOptions:
     model: str = option("yuvalkirstain/PickScore_v1", check=pretrained_source, help="a CLIPModel folder or hub id")
-    processor: str = option("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", check=pretrained_source,
-                            help="the CLIPProcessor folder or hub id PickScore was trained with")
-    scale: float = option(26.0, gt=0, help="the score is logit_scale x cosine / scale (Flow-GRPO: 26; 1: PickScore's "
-                                           "own units)")
+    processor: str = option(
+        "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
+        check=pretrained_source,
+        help="the CLIPProcessor folder or hub id PickScore was trained with",
+    )
+    scale: float = option(
+        26.0, gt=0, help="the score is logit_scale x cosine / scale (Flow-GRPO: 26; 1: PickScore's own units)"
+    )
     batch_size: int = option(32, ge=1, help="images per forward pass")
 
 
 @dataclass
 class AestheticOptions:
-    predictor: str | None = option(None, check=predictor_file, help="the LAION aesthetic predictor's state dict "
-                                   "(sac+logos+ava1-l14-linearMSE.pth, or .safetensors)")
-    model: str = option("openai/clip-vit-large-patch14", check=pretrained_source,
-                        help="the CLIPModel (and its processor) the predictor reads: ViT-L/14")
+    predictor: str | None = option(
+        None,
+        check=predictor_file,
+        help="the LAION aesthetic predictor's state dict (sac+logos+ava1-l14-linearMSE.pth, or .safetensors)",
+    )
+    model: str = option(
+        "openai/clip-vit-large-patch14",
+        check=pretrained_source,
+        help="the CLIPModel (and its processor) the predictor reads: ViT-L/14",
+    )
     batch_size: int = option(32, ge=1, help="images per forward pass")
 
     def validate(self) -> None:
         if self.predictor is None:
-            raise OptionError("predictor", "give the LAION predictor's weights file, e.g. "
-                                           "sac+logos+ava1-l14-linearMSE.pth from its repository")
+            raise OptionError(
+                "predictor",
+                "give the LAION predictor's weights file, e.g. sac+logos+ava1-l14-linearMSE.pth from its repository",
+            )
 
 
 @dataclass
 class HPSv2Options:
-    checkpoint: str | None = option(None, check=lambda v: None if Path(v).expanduser().is_file() else "no such file",
-                                    help="the HPS checkpoint (HPS_v2.1_compressed.pt, or HPS_v2_compressed.pt)")
-    model: str = option("ViT-H-14", help="the open_clip architecture it fine-tunes (HPSv2: ViT-H-14), or the path "
-                                         "of a model-config json")
+    checkpoint: str | None = option(
+        None,
+        check=lambda v: None if Path(v).expanduser().is_file() else "no such file",
+        help="the HPS checkpoint (HPS_v2.1_compressed.pt, or HPS_v2_compressed.pt)",
+    )
+    model: str = option(
+        "ViT-H-14",
+        help="the open_clip architecture it fine-tunes (HPSv2: ViT-H-14), or the path of a model-config json",
+    )
     batch_size: int = option(32, ge=1, help="images per forward pass")
 
     def validate(self) -> None:
         if self.checkpoint is None:
-            raise OptionError("checkpoint", "give the HPS checkpoint file, e.g. HPS_v2.1_compressed.pt from "
-                                            "xswu/HPSv2 on the hub")
+            raise OptionError(
+                "checkpoint", "give the HPS checkpoint file, e.g. HPS_v2.1_compressed.pt from xswu/HPSv2 on the hub"
+            )
 
 
 def _pil(images: torch.Tensor) -> list:
@@ -106,8 +124,9 @@ class _Clip:
 
     @torch.no_grad()
     def texts(self, texts: list[str]) -> torch.Tensor:
-        inputs = self.processor(text=[str(t) for t in texts], padding=True, truncation=True, max_length=77,
-                                return_tensors="pt").to(self.device)
+        inputs = self.processor(
+            text=[str(t) for t in texts], padding=True, truncation=True, max_length=77, return_tensors="pt"
+        ).to(self.device)
         return torch.nn.functional.normalize(projected(self.model.get_text_features(**inputs)), dim=-1)
 
 
@@ -191,6 +210,7 @@ class HPSv2:
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
         images = torch.stack([self.preprocess(picture) for picture in _pil(media.data)]).to(self.device)
         out = self.model(images, self.tokenizer([str(p) for p in prompts]).to(self.device))
-        image_features, text_features = (out["image_features"], out["text_features"]) if isinstance(out, dict) \
-            else out[:2]
+        image_features, text_features = (
+            (out["image_features"], out["text_features"]) if isinstance(out, dict) else out[:2]
+        )
         return {"score": (image_features * text_features).sum(-1).float().cpu()}

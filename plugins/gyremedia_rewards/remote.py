@@ -32,13 +32,19 @@ RETRIED_STATUS = {429, 502, 503, 504}  # the server is busy, restarting or behin
 
 @dataclass
 class RemoteOptions:
-    url: str | None = option(None, help="the server's root, e.g. http://127.0.0.1:8000",
-                             check=lambda v: None if v.startswith(("http://", "https://")) else "give an http(s):// URL")
-    reward: str | None = option(None, help="the served reward's name, which the run calls it by (default: asked of "
-                                           "the server)")
-    kinds: list[str] | None = option(None, help="the media kinds it scores (default: asked of the server)",
-                                     check=lambda v: None if set(v) <= set(MEDIA_KINDS)
-                                     else f"expected kinds among {', '.join(MEDIA_KINDS)}")
+    url: str | None = option(
+        None,
+        help="the server's root, e.g. http://127.0.0.1:8000",
+        check=lambda v: None if v.startswith(("http://", "https://")) else "give an http(s):// URL",
+    )
+    reward: str | None = option(
+        None, help="the served reward's name, which the run calls it by (default: asked of the server)"
+    )
+    kinds: list[str] | None = option(
+        None,
+        help="the media kinds it scores (default: asked of the server)",
+        check=lambda v: None if set(v) <= set(MEDIA_KINDS) else f"expected kinds among {', '.join(MEDIA_KINDS)}",
+    )
     request_timeout: float = option(60.0, gt=0, help="seconds one request may take")
     retries: int = option(3, ge=0, help="extra attempts after a connection error, a timeout or a busy server")
     backoff: float = option(0.5, ge=0, help="seconds before the first retry, doubled after each")
@@ -48,16 +54,22 @@ class RemoteOptions:
     def validate(self) -> None:
         """Without ``reward`` and ``kinds`` the server must answer now: they are read from its ``/health``."""
         if self.url is None:
-            raise OptionError("url", "give the reward server's root, e.g. http://127.0.0.1:8000 (start one with "
-                                     "`gyremedia serve-reward NAME --port 8000`)")
+            raise OptionError(
+                "url",
+                "give the reward server's root, e.g. http://127.0.0.1:8000 (start one with "
+                "`gyremedia serve-reward NAME --port 8000`)",
+            )
         if self.reward is not None and self.kinds is not None:
             return
         try:
             health = server_health(self.url, min(self.request_timeout, 5.0))
         except OSError as exc:
-            raise OptionError("url", f"no reward server answers at {self.url}/health ({exc}): start it with "
-                                     "`gyremedia serve-reward NAME`, or set reward and kinds to check the config "
-                                     "without it") from exc
+            raise OptionError(
+                "url",
+                f"no reward server answers at {self.url}/health ({exc}): start it with "
+                "`gyremedia serve-reward NAME`, or set reward and kinds to check the config "
+                "without it",
+            ) from exc
         self.reward = self.reward or health["reward"]
         self.kinds = self.kinds or list(health["kinds"])
 
@@ -86,8 +98,14 @@ class RemoteReward:
         size = self.options.batch_size
         starts = range(0, len(prompts), size)
         with ThreadPoolExecutor(max_workers=min(self.options.concurrency, len(starts))) as pool:
-            parts = list(pool.map(lambda begin: self._post(encode_batch(media.select(slice(begin, begin + size)),
-                                                                        prompts[begin:begin + size])), starts))
+            parts = list(
+                pool.map(
+                    lambda begin: self._post(
+                        encode_batch(media.select(slice(begin, begin + size)), prompts[begin : begin + size])
+                    ),
+                    starts,
+                )
+            )
         return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
 
     def _check_served(self) -> None:
@@ -98,9 +116,11 @@ class RemoteReward:
         except OSError:
             return
         if self.options.reward != health["reward"] or not self.kinds <= set(health["kinds"]):
-            raise RuntimeError(f"the server at {self.url} serves reward {health['reward']!r} of "
-                               f"{'/'.join(health['kinds'])} media, but the run expects {self.options.reward!r} of "
-                               f"{'/'.join(sorted(self.kinds))}: point url at its server, or fix reward and kinds")
+            raise RuntimeError(
+                f"the server at {self.url} serves reward {health['reward']!r} of "
+                f"{'/'.join(health['kinds'])} media, but the run expects {self.options.reward!r} of "
+                f"{'/'.join(sorted(self.kinds))}: point url at its server, or fix reward and kinds"
+            )
         self.checked = True
 
     def _post(self, body: bytes) -> dict[str, torch.Tensor]:
@@ -121,8 +141,9 @@ class RemoteReward:
         try:
             return with_backoff(attempt, self.options.retries, self.options.backoff)
         except Retry as exc:
-            raise ConnectionError(f"no answer from the reward server at {self.url} after {self.options.retries + 1} "
-                                  f"attempts ({exc})") from exc
+            raise ConnectionError(
+                f"no answer from the reward server at {self.url} after {self.options.retries + 1} attempts ({exc})"
+            ) from exc
 
 
 def _server_error(url: str, error: urllib.error.HTTPError) -> Exception:

@@ -18,9 +18,12 @@ from gyremedia.rollout import Media
 
 @dataclass
 class FormatOptions:
-    pattern: str = option(r"\d+", check=regular_expression, help="the regular expression a well-formed completion matches")
-    mode: Literal["fullmatch", "match", "search"] = option("fullmatch", help="match the whole completion "
-                                                                              "(stripped), its start, or anywhere")
+    pattern: str = option(
+        r"\d+", check=regular_expression, help="the regular expression a well-formed completion matches"
+    )
+    mode: Literal["fullmatch", "match", "search"] = option(
+        "fullmatch", help="match the whole completion (stripped), its start, or anywhere"
+    )
 
 
 class FormatReward:

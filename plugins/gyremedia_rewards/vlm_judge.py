@@ -77,12 +77,15 @@ UNIFIED_REWARD_SCORE = r"Final Score:\s*([1-5](?:\.\d+)?)"
 PRESETS: dict[str, Preset] = {
     "none": Preset(
         model="Qwen/Qwen2.5-VL-7B-Instruct",
-        rubric="Does this image match the description: \"{prompt}\"? Rate it from 0 (not at all) to 10 (perfectly). "
-               "Answer with the number only.",
+        rubric='Does this image match the description: "{prompt}"? Rate it from 0 (not at all) to 10 (perfectly). '
+        "Answer with the number only.",
         text_rubric="Here is a request and an answer to it.\n\nRequest: {prompt}\n\nAnswer: {completion}\n\n"
-                    "Rate the answer from 0 (useless or wrong) to 10 (correct and helpful). Answer with the number "
-                    "only.",
-        score_pattern=r"-?\d+(?:\.\d+)?", max_score=10.0, max_tokens=16),
+        "Rate the answer from 0 (useless or wrong) to 10 (correct and helpful). Answer with the number "
+        "only.",
+        score_pattern=r"-?\d+(?:\.\d+)?",
+        max_score=10.0,
+        max_tokens=16,
+    ),
     # The pointwise image-generation question UnifiedReward's authors ask its Qwen2.5-VL checkpoints, verbatim
     # (CodeGoat24/UnifiedReward, inference_qwen/image_generation/qwen_point_score_image_generation.py; the
     # "Classic" capabilities of UnifiedReward-2.0-qwen). The reply lists "element (type): 0/1" lines, then
@@ -90,15 +93,19 @@ PRESETS: dict[str, Preset] = {
     "unified_reward": Preset(
         model="CodeGoat24/UnifiedReward-qwen-7b",
         rubric="You are given a text caption and a generated image based on that caption. Your task is to evaluate "
-               "this image based on two key criteria:\n1. Alignment with the Caption: Assess how well this image "
-               "aligns with the provided caption. Consider the accuracy of depicted objects, their relationships, and "
-               "attributes as described in the caption.\n2. Overall Image Quality: Examine the visual quality of this "
-               "image, including clarity, detail preservation, color accuracy, and overall aesthetic appeal.\nExtract "
-               "key elements from the provided text caption, evaluate their presence in the generated image using the "
-               "format: 'element (type): value' (where value=0 means not generated, and value=1 means generated), and "
-               "assign a score from 1 to 5 after 'Final Score:'.\nYour task is provided as follows:\n"
-               "Text Caption: [{prompt}]",
-        text_rubric=None, score_pattern=UNIFIED_REWARD_SCORE, max_score=5.0, max_tokens=512),
+        "this image based on two key criteria:\n1. Alignment with the Caption: Assess how well this image "
+        "aligns with the provided caption. Consider the accuracy of depicted objects, their relationships, and "
+        "attributes as described in the caption.\n2. Overall Image Quality: Examine the visual quality of this "
+        "image, including clarity, detail preservation, color accuracy, and overall aesthetic appeal.\nExtract "
+        "key elements from the provided text caption, evaluate their presence in the generated image using the "
+        "format: 'element (type): value' (where value=0 means not generated, and value=1 means generated), and "
+        "assign a score from 1 to 5 after 'Final Score:'.\nYour task is provided as follows:\n"
+        "Text Caption: [{prompt}]",
+        text_rubric=None,
+        score_pattern=UNIFIED_REWARD_SCORE,
+        max_score=5.0,
+        max_tokens=512,
+    ),
     # The question Flow-GRPO's "unifiedreward" reward sends, verbatim with its leading "<image>\n" (LLaVA's image
     # placeholder), beside the image, to CodeGoat24/UnifiedReward-7b-v1.5 served by SGLang (yifan123/flow_grpo,
     # flow_grpo/rewards.py, unifiedreward_score_sglang; the same text is CodeGoat24/UnifiedReward's
@@ -106,13 +113,17 @@ PRESETS: dict[str, Preset] = {
     "unified_reward_flow_grpo": Preset(
         model="CodeGoat24/UnifiedReward-7b-v1.5",
         rubric="<image>\nYou are given a text caption and a generated image based on that caption. Your task is to "
-               "evaluate this image based on two key criteria:\n1. Alignment with the Caption: Assess how well this "
-               "image aligns with the provided caption. Consider the accuracy of depicted objects, their "
-               "relationships, and attributes as described in the caption.\n2. Overall Image Quality: Examine the "
-               "visual quality of this image, including clarity, detail preservation, color accuracy, and overall "
-               "aesthetic appeal.\nBased on the above criteria, assign a score from 1 to 5 after 'Final Score:'.\n"
-               "Your task is provided as follows:\nText Caption: [{prompt}]",
-        text_rubric=None, score_pattern=UNIFIED_REWARD_SCORE, max_score=5.0, max_tokens=512),
+        "evaluate this image based on two key criteria:\n1. Alignment with the Caption: Assess how well this "
+        "image aligns with the provided caption. Consider the accuracy of depicted objects, their "
+        "relationships, and attributes as described in the caption.\n2. Overall Image Quality: Examine the "
+        "visual quality of this image, including clarity, detail preservation, color accuracy, and overall "
+        "aesthetic appeal.\nBased on the above criteria, assign a score from 1 to 5 after 'Final Score:'.\n"
+        "Your task is provided as follows:\nText Caption: [{prompt}]",
+        text_rubric=None,
+        score_pattern=UNIFIED_REWARD_SCORE,
+        max_score=5.0,
+        max_tokens=512,
+    ),
 }
 
 #: The keys a preset fills in.
@@ -124,36 +135,62 @@ QUESTION_KEYS = ("rubric", "score_pattern", "max_score")
 
 @dataclass
 class VlmJudgeOptions:
-    base_url: str = option("http://127.0.0.1:8000/v1", help="the server's OpenAI-compatible root",
-                           check=lambda v: None if v.startswith(("http://", "https://")) else "give an http(s):// URL")
+    base_url: str = option(
+        "http://127.0.0.1:8000/v1",
+        help="the server's OpenAI-compatible root",
+        check=lambda v: None if v.startswith(("http://", "https://")) else "give an http(s):// URL",
+    )
     preset: Literal["none", "unified_reward", "unified_reward_flow_grpo"] = option(
-        "none", help="a judge whose question its model was trained on: fills in model, rubric, text_rubric, "
-                     "score_pattern, max_score and max_tokens where they are not set (unified_reward: UnifiedReward's "
-                     "Qwen checkpoints; unified_reward_flow_grpo: Flow-GRPO's UnifiedReward-7b-v1.5 question)")
-    model: str | None = option(None, help="the model name the server serves (None: the preset's; preset none: "
-                                          "Qwen/Qwen2.5-VL-7B-Instruct)")
-    api_key_env: str = option("OPENAI_API_KEY", help="environment variable holding the key (keys never go in a yaml); "
-                              "empty for a server elsewhere that takes no key")
-    allow_insecure_key: bool = option(False, help="send the key over plain http to a host other than this machine "
-                                      "(anyone on the way can read it)")
-    rubric: str | None = option(None, help="the question; {prompt} is the sample's prompt (None: the preset's; preset "
-                                           "none asks for a 0-10 match with the description)",
-                                check=lambda v: None if "{prompt}" in v else "must contain {prompt}, where the sample's prompt goes")
-    text_rubric: str | None = option(None, help="the question for text media; {prompt} and {completion} are filled in "
-                                                "(None: the preset's; a UnifiedReward preset judges images only)",
-                                     check=lambda v: None if "{completion}" in v else "must contain {completion}, where the answer goes")
-    score_pattern: str | None = option(None, help="the first match in the reply is the raw score, or its first "
-                                                  "group when the pattern has one (None: the preset's; preset none: "
-                                                  "the first number; UnifiedReward: the number after 'Final Score:')",
-                                       check=regular_expression)
-    max_score: float | None = option(None, gt=0, help="raw scores are divided by this, then clipped to [0, 1] (None: "
-                                                      "the preset's: 10, or 5 for UnifiedReward)")
+        "none",
+        help="a judge whose question its model was trained on: fills in model, rubric, text_rubric, "
+        "score_pattern, max_score and max_tokens where they are not set (unified_reward: UnifiedReward's "
+        "Qwen checkpoints; unified_reward_flow_grpo: Flow-GRPO's UnifiedReward-7b-v1.5 question)",
+    )
+    model: str | None = option(
+        None, help="the model name the server serves (None: the preset's; preset none: Qwen/Qwen2.5-VL-7B-Instruct)"
+    )
+    api_key_env: str = option(
+        "OPENAI_API_KEY",
+        help="environment variable holding the key (keys never go in a yaml); "
+        "empty for a server elsewhere that takes no key",
+    )
+    allow_insecure_key: bool = option(
+        False, help="send the key over plain http to a host other than this machine (anyone on the way can read it)"
+    )
+    rubric: str | None = option(
+        None,
+        help="the question; {prompt} is the sample's prompt (None: the preset's; preset "
+        "none asks for a 0-10 match with the description)",
+        check=lambda v: None if "{prompt}" in v else "must contain {prompt}, where the sample's prompt goes",
+    )
+    text_rubric: str | None = option(
+        None,
+        help="the question for text media; {prompt} and {completion} are filled in "
+        "(None: the preset's; a UnifiedReward preset judges images only)",
+        check=lambda v: None if "{completion}" in v else "must contain {completion}, where the answer goes",
+    )
+    score_pattern: str | None = option(
+        None,
+        help="the first match in the reply is the raw score, or its first "
+        "group when the pattern has one (None: the preset's; preset none: "
+        "the first number; UnifiedReward: the number after 'Final Score:')",
+        check=regular_expression,
+    )
+    max_score: float | None = option(
+        None,
+        gt=0,
+        help="raw scores are divided by this, then clipped to [0, 1] (None: the preset's: 10, or 5 for UnifiedReward)",
+    )
     max_concurrency: int = option(8, ge=1, help="requests in flight at once")
     request_timeout: float = option(60.0, gt=0, help="seconds per request")
     max_retries: int = option(3, ge=0, help="extra attempts after a failed or unparseable reply")
     backoff: float = option(1.0, ge=0, help="seconds before the first retry, doubled after each")
-    max_tokens: int | None = option(None, ge=1, help="longest reply (None: the preset's: 16, or 512 for UnifiedReward, "
-                                                     "which lists what it checked before its score)")
+    max_tokens: int | None = option(
+        None,
+        ge=1,
+        help="longest reply (None: the preset's: 16, or 512 for UnifiedReward, "
+        "which lists what it checked before its score)",
+    )
     temperature: float = option(0.0, ge=0, help="the judge's sampling temperature")
 
     def __post_init__(self) -> None:
@@ -173,15 +210,21 @@ class VlmJudgeOptions:
             builtin, chosen = PRESETS["none"], PRESETS[self.preset]
             for key in QUESTION_KEYS:
                 if getattr(self, key) == getattr(builtin, key) != getattr(chosen, key):
-                    raise OptionError(key, f"is preset none's {key}, which preset {self.preset!r} replaces with its "
-                                           f"own: leave {key} out (a config saved before the preset was chosen holds "
-                                           "it), or set preset: none")
+                    raise OptionError(
+                        key,
+                        f"is preset none's {key}, which preset {self.preset!r} replaces with its "
+                        f"own: leave {key} out (a config saved before the preset was chosen holds "
+                        "it), or set preset: none",
+                    )
         url = urllib.parse.urlsplit(self.base_url)
         if is_loopback(url.hostname or ""):
             return
         if self.api_key_env and url.scheme != "https" and not self.allow_insecure_key:
-            raise OptionError("base_url", f"{self.base_url} would send the key in {self.api_key_env} unencrypted to "
-                                          "another machine: use https://, or set allow_insecure_key: true")
+            raise OptionError(
+                "base_url",
+                f"{self.base_url} would send the key in {self.api_key_env} unencrypted to "
+                "another machine: use https://, or set allow_insecure_key: true",
+            )
 
 
 def missing_key(options: VlmJudgeOptions) -> str | None:
@@ -190,8 +233,10 @@ def missing_key(options: VlmJudgeOptions) -> str | None:
         return None
     if os.environ.get(options.api_key_env):
         return None
-    return (f"{options.api_key_env} is not set, and base_url={options.base_url} is not on this machine: export "
-            f"{options.api_key_env}=<key> before the run, or set api_key_env to '' for a server that takes no key")
+    return (
+        f"{options.api_key_env} is not set, and base_url={options.base_url} is not on this machine: export "
+        f"{options.api_key_env}=<key> before the run, or set api_key_env to '' for a server that takes no key"
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -215,7 +260,6 @@ class KeepKeyOnSameHost(urllib.request.HTTPRedirectHandler):
             new.headers = {k: v for k, v in new.headers.items() if k.lower() != "authorization"}
             new.unredirected_hdrs = {k: v for k, v in new.unredirected_hdrs.items() if k.lower() != "authorization"}
         return new
-
 
 
 class JudgeReplyError(RuntimeError):
@@ -246,11 +290,15 @@ class VlmJudge:
         """The user message's content for one sample: the image and the rubric, or the text rubric."""
         if isinstance(sample, str):
             if self.options.text_rubric is None:
-                raise RuntimeError(f"vlm_judge preset {self.options.preset!r} judges images, not text: set text_rubric "
-                                   "(and a score_pattern and max_score to read its answer), or use preset: none")
+                raise RuntimeError(
+                    f"vlm_judge preset {self.options.preset!r} judges images, not text: set text_rubric "
+                    "(and a score_pattern and max_score to read its answer), or use preset: none"
+                )
             return [{"type": "text", "text": self.options.text_rubric.format(prompt=prompt, completion=sample)}]
-        return [{"type": "image_url", "image_url": {"url": image_data_url(sample)}},
-                {"type": "text", "text": self.options.rubric.format(prompt=prompt)}]
+        return [
+            {"type": "image_url", "image_url": {"url": image_data_url(sample)}},
+            {"type": "text", "text": self.options.rubric.format(prompt=prompt)},
+        ]
 
     def _request(self, content: list[dict]) -> str:
         body = {
@@ -291,8 +339,9 @@ class VlmJudge:
                 return self.parse(self._request(content))
             except urllib.error.HTTPError as exc:
                 if exc.code != 429 and exc.code < 500:  # the request itself is wrong: retrying cannot help
-                    raise RuntimeError(f"judge at {self.url} refused the request: HTTP {exc.code} "
-                                       f"{exc.read()[:200]!r}") from exc
+                    raise RuntimeError(
+                        f"judge at {self.url} refused the request: HTTP {exc.code} {exc.read()[:200]!r}"
+                    ) from exc
                 raise Retry(f"HTTP {exc.code}") from exc
             except (urllib.error.URLError, TimeoutError, ConnectionError, JudgeReplyError, json.JSONDecodeError) as exc:
                 raise Retry(f"{type(exc).__name__}: {exc}") from exc
@@ -300,8 +349,9 @@ class VlmJudge:
         try:
             return with_backoff(attempt, self.options.max_retries, self.options.backoff)
         except Retry as exc:
-            logger.warning("vlm_judge gave up on prompt %r after %d attempts: %s", prompt,
-                           self.options.max_retries + 1, exc)
+            logger.warning(
+                "vlm_judge gave up on prompt %r after %d attempts: %s", prompt, self.options.max_retries + 1, exc
+            )
             return math.nan
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:

@@ -24,8 +24,9 @@ from gyremedia_samplers.gaussian import draw_or_replay
 
 @dataclass
 class CPSOptions:
-    noise_level: float = option(0.8, gt=0, le=1, help="'a': std = sigma_next sin(a pi / 2); 1 replaces all "
-                                                      "predicted noise")
+    noise_level: float = option(
+        0.8, gt=0, le=1, help="'a': std = sigma_next sin(a pi / 2); 1 replaces all predicted noise"
+    )
 
 
 class CPSSampler:
@@ -53,8 +54,12 @@ class CPSSampler:
         mean = (1 - sigma_next) * clean + torch.sqrt(sigma_next**2 - std**2) * pure_noise
         next_state = draw_or_replay(mean, std, noise, next_state, x.dtype, "cps")
         if std == 0:  # the last step, to sigma 0, is deterministic: no density, ratio objectives skip it
-            return Transition(next_state=next_state, mean=mean, std=std,
-                              log_prob=torch.full((x.shape[0],), float("nan"), device=x.device))
+            return Transition(
+                next_state=next_state,
+                mean=mean,
+                std=std,
+                log_prob=torch.full((x.shape[0],), float("nan"), device=x.device),
+            )
         dims = tuple(range(1, mean.dim()))
         log_prob = -((next_state.detach().float() - mean) ** 2).mean(dim=dims)
         return Transition(next_state=next_state, mean=mean, std=std, log_prob=log_prob)

@@ -38,5 +38,6 @@ class DanceSDESampler:
         clean = x32 - sigma * v
         score = -(x32 - (1 - sigma) * clean) / sigma**2
         mean = x32 + dt * v - 0.5 * self.eta**2 * dt * score
-        return gaussian_transition(x, mean, self.eta * torch.sqrt(-dt), noise=noise, next_state=next_state,
-                                   sampler="dance_sde")
+        return gaussian_transition(
+            x, mean, self.eta * torch.sqrt(-dt), noise=noise, next_state=next_state, sampler="dance_sde"
+        )

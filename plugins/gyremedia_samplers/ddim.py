@@ -64,6 +64,7 @@ class DDIMEtaSampler:
         mean = alpha_prev.sqrt() * clean + direction * eps
         if std == 0:
             state = mean.to(x.dtype) if next_state is None else next_state
-            return Transition(next_state=state, mean=mean, std=std,
-                              log_prob=torch.full((x.shape[0],), float("nan"), device=x.device))
+            return Transition(
+                next_state=state, mean=mean, std=std, log_prob=torch.full((x.shape[0],), float("nan"), device=x.device)
+            )
         return gaussian_transition(x, mean, std, noise=noise, next_state=next_state, sampler="ddim_eta")

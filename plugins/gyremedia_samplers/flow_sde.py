@@ -19,8 +19,9 @@ from gyremedia_samplers.gaussian import gaussian_transition
 
 @dataclass
 class FlowSDEOptions:
-    noise_level: float = option(0.7, gt=0, help="'a' in Flow-GRPO: how much noise each step injects "
-                                              "(the ode sampler injects none)")
+    noise_level: float = option(
+        0.7, gt=0, help="'a' in Flow-GRPO: how much noise each step injects (the ode sampler injects none)"
+    )
 
 
 class FlowSDESampler:
@@ -41,5 +42,6 @@ class FlowSDESampler:
         std_dev = self.noise_level * torch.sqrt(sigma / denominator)
         drift = v + std_dev**2 / (2 * sigma) * (x32 + (1 - sigma) * v)
         mean = x32 + dt * drift
-        return gaussian_transition(x, mean, std_dev * torch.sqrt(-dt), noise=noise, next_state=next_state,
-                                   sampler="flow_sde")
+        return gaussian_transition(
+            x, mean, std_dev * torch.sqrt(-dt), noise=noise, next_state=next_state, sampler="flow_sde"
+        )

@@ -18,8 +18,14 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
     return log_density.mean(dim=tuple(range(1, log_density.dim())))
 
 
-def draw_or_replay(mean: torch.Tensor, std: torch.Tensor | float, noise: torch.Tensor | None,
-                   next_state: torch.Tensor | None, dtype: torch.dtype, sampler: str) -> torch.Tensor:
+def draw_or_replay(
+    mean: torch.Tensor,
+    std: torch.Tensor | float,
+    noise: torch.Tensor | None,
+    next_state: torch.Tensor | None,
+    dtype: torch.dtype,
+    sampler: str,
+) -> torch.Tensor:
     """``mean + std * noise`` when sampling, or the recorded ``next_state`` when replaying."""
     if next_state is not None:
         return next_state
@@ -28,8 +34,15 @@ def draw_or_replay(mean: torch.Tensor, std: torch.Tensor | float, noise: torch.T
     return (mean + std * noise.float()).to(dtype)
 
 
-def gaussian_transition(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, *, noise: torch.Tensor | None,
-                        next_state: torch.Tensor | None, sampler: str) -> Transition:
+def gaussian_transition(
+    x: torch.Tensor,
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    *,
+    noise: torch.Tensor | None,
+    next_state: torch.Tensor | None,
+    sampler: str,
+) -> Transition:
     """A step ``N(mean, std^2)`` from ``x``, sampled or replayed, with its exact log-density."""
     next_state = draw_or_replay(mean, std, noise, next_state, x.dtype, sampler)
     log_prob = gaussian_log_prob(next_state.detach(), mean, std.expand_as(mean))

@@ -44,8 +44,9 @@ class WindowOptions:
     noise_level: float = option(0.7, gt=0, help="that step's noise level")
     size: int = option(4, ge=1, help="stochastic steps per trajectory (MixGRPO's window size)")
     schedule: Literal["progressive", "decay", "random", "fixed"] = option("progressive", help="how the window moves")
-    shift_every: int = option(25, ge=1, help="training steps between window moves (MixGRPO's shift interval; "
-                                             "decay: the first, longest one)")
+    shift_every: int = option(
+        25, ge=1, help="training steps between window moves (MixGRPO's shift interval; decay: the first, longest one)"
+    )
     min_shift_every: int = option(1, ge=1, help="decay: the shift interval at the end of the trajectory")
     stride: int = option(1, ge=1, help="indices the window moves by at each shift (progressive, decay)")
 
@@ -63,8 +64,10 @@ def window_start(train_step: int, last: int, options: WindowOptions) -> int:
     intervals = [options.shift_every] * len(starts)
     if options.schedule == "decay":  # linear in the position: shift_every at index 0, min_shift_every at the end
         progress = [start / (last + 1) for start in starts]
-        intervals = [max(options.min_shift_every, int(options.shift_every * (1 - p) + options.min_shift_every * p))
-                     for p in progress]
+        intervals = [
+            max(options.min_shift_every, int(options.shift_every * (1 - p) + options.min_shift_every * p))
+            for p in progress
+        ]
     step = train_step % sum(intervals)
     for start, interval in zip(starts, intervals):
         if step < interval:
@@ -80,8 +83,10 @@ class WindowSampler:
     prediction = "velocity"
 
     def __init__(self, options: WindowOptions, context=None) -> None:
-        kernels = {"flow_sde": lambda: FlowSDESampler(FlowSDEOptions(noise_level=options.noise_level)),
-                   "cps": lambda: CPSSampler(CPSOptions(noise_level=options.noise_level))}
+        kernels = {
+            "flow_sde": lambda: FlowSDESampler(FlowSDEOptions(noise_level=options.noise_level)),
+            "cps": lambda: CPSSampler(CPSOptions(noise_level=options.noise_level)),
+        }
         self.sde, self.ode = kernels[options.sde](), EulerODESampler()
         self.options = options
         self.seed = context.seed if context is not None else 0

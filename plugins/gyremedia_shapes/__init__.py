@@ -7,5 +7,9 @@ from gyremedia_shapes.verifier_reward import ShapesVerifierOptions, ShapesVerifi
 
 @hookimpl
 def gyremedia_register_rewards(register):
-    register("shapes_verifier", ShapesVerifierReward, options=ShapesVerifierOptions,
-             description="ShapesBench verifier: object, colour, count and position of shapes vs the prompt")
+    register(
+        "shapes_verifier",
+        ShapesVerifierReward,
+        options=ShapesVerifierOptions,
+        description="ShapesBench verifier: object, colour, count and position of shapes vs the prompt",
+    )

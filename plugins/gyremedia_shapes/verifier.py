@@ -69,9 +69,15 @@ def detect_batch(images: np.ndarray) -> list[list[DetectedObject]]:
         if pixels < MIN_PIXELS:
             continue
         image, colour = divmod(box[0].start, colours)
-        objects[image].append(DetectedObject(_COLOUR_NAMES[colour],
-                                             _shape_of(pixels / box_area[label], top[label], bottom[label]),
-                                             float(centroid_x[label]), float(centroid_y[label]), pixels))
+        objects[image].append(
+            DetectedObject(
+                _COLOUR_NAMES[colour],
+                _shape_of(pixels / box_area[label], top[label], bottom[label]),
+                float(centroid_x[label]),
+                float(centroid_y[label]),
+                pixels,
+            )
+        )
     return objects
 
 
@@ -110,8 +116,10 @@ def verify(image: np.ndarray, prompt: Prompt | str) -> dict[str, bool]:
 
 def verify_batch(images: np.ndarray, prompts: list[Prompt | str]) -> list[dict[str, bool]]:
     """:func:`verify` of each image of ``images [N, H, W, 3]`` against its prompt, detected in one pass."""
-    return [_criteria(objects, parse_prompt(prompt) if isinstance(prompt, str) else prompt)
-            for objects, prompt in zip(detect_batch(images), prompts, strict=True)]
+    return [
+        _criteria(objects, parse_prompt(prompt) if isinstance(prompt, str) else prompt)
+        for objects, prompt in zip(detect_batch(images), prompts, strict=True)
+    ]
 
 
 def _criteria(objects: list[DetectedObject], prompt: Prompt) -> dict[str, bool]:

@@ -16,7 +16,11 @@ import numpy as np
 
 from gyremedia.data import prompt_fields
 
-COLOURS: dict[str, tuple[float, float, float]] = {"red": (1.0, 0.0, 0.0), "green": (0.0, 1.0, 0.0), "blue": (0.0, 0.0, 1.0)}
+COLOURS: dict[str, tuple[float, float, float]] = {
+    "red": (1.0, 0.0, 0.0),
+    "green": (0.0, 1.0, 0.0),
+    "blue": (0.0, 0.0, 1.0),
+}
 SHAPES = ("circle", "square", "triangle")
 COUNT_WORDS = {1: "a", 2: "two", 3: "three"}
 RELATIONS = ("left of", "right of", "above", "below")
@@ -25,8 +29,9 @@ CELL = CANVAS // 2
 OBJECT_SIZES = (6, 7)  # an object of size s sits at offset 0..7-s in its cell: always a 1-pixel gap
 
 #: Every word a prompt can contain (the tokenizer gives each one a single token).
-VOCABULARY = sorted({"a", "of", "left", "right", "above", "below", *COUNT_WORDS.values(), *COLOURS,
-                     *SHAPES, *(s + "s" for s in SHAPES)})
+VOCABULARY = sorted(
+    {"a", "of", "left", "right", "above", "below", *COUNT_WORDS.values(), *COLOURS, *SHAPES, *(s + "s" for s in SHAPES)}
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,8 @@ class Prompt:
 
 _SINGLE = re.compile(rf"^(a|two|three) ({'|'.join(COLOURS)}) ({'|'.join(SHAPES)})s?$")
 _RELATION = re.compile(
-    rf"^a ({'|'.join(COLOURS)}) ({'|'.join(SHAPES)}) ({'|'.join(RELATIONS)}) a ({'|'.join(COLOURS)}) ({'|'.join(SHAPES)})$")
+    rf"^a ({'|'.join(COLOURS)}) ({'|'.join(SHAPES)}) ({'|'.join(RELATIONS)}) a ({'|'.join(COLOURS)}) ({'|'.join(SHAPES)})$"
+)
 
 
 def parse_prompt(text: str) -> Prompt:
@@ -68,9 +74,11 @@ def parse_prompt(text: str) -> Prompt:
         if m.group(1) == m.group(4):
             raise ValueError(f"{text!r}: the two objects of a relation must have different colours")
         return Prompt(colour=m.group(1), shape=m.group(2), relation=m.group(3), colour2=m.group(4), shape2=m.group(5))
-    raise ValueError(f"{text!r} is not a ShapesBench prompt: expected 'a|two|three COLOUR SHAPE[s]' or "
-                     f"'a COLOUR SHAPE (left of|right of|above|below) a COLOUR SHAPE' with colours "
-                     f"{', '.join(COLOURS)} and shapes {', '.join(SHAPES)}")
+    raise ValueError(
+        f"{text!r} is not a ShapesBench prompt: expected 'a|two|three COLOUR SHAPE[s]' or "
+        f"'a COLOUR SHAPE (left of|right of|above|below) a COLOUR SHAPE' with colours "
+        f"{', '.join(COLOURS)} and shapes {', '.join(SHAPES)}"
+    )
 
 
 def record(text: str) -> dict[str, object]:
@@ -90,12 +98,18 @@ def record_prompt(prompt: str) -> Prompt:
 
 def all_prompts() -> list[Prompt]:
     singles = [Prompt(c, s, n) for n in COUNT_WORDS for c in COLOURS for s in SHAPES]
-    relations = [Prompt(c1, s1, relation=r, colour2=c2, shape2=s2)
-                 for r in RELATIONS for c1, s1, c2, s2 in itertools.product(COLOURS, SHAPES, COLOURS, SHAPES) if c1 != c2]
+    relations = [
+        Prompt(c1, s1, relation=r, colour2=c2, shape2=s2)
+        for r in RELATIONS
+        for c1, s1, c2, s2 in itertools.product(COLOURS, SHAPES, COLOURS, SHAPES)
+        if c1 != c2
+    ]
     return singles + relations
 
 
-def split_prompts(seed: int = 0, heldout_singles: int = 3, heldout_relation_fraction: float = 0.2) -> tuple[list[str], list[str]]:
+def split_prompts(
+    seed: int = 0, heldout_singles: int = 3, heldout_relation_fraction: float = 0.2
+) -> tuple[list[str], list[str]]:
     """Train and held-out prompts. Held-out ones are unseen combinations of seen words:
     multi-object counts of (colour, shape) pairs and a share of the relation triples."""
     rng = np.random.default_rng(seed)
@@ -103,7 +117,10 @@ def split_prompts(seed: int = 0, heldout_singles: int = 3, heldout_relation_frac
     multi = [p for p in prompts if p.relation is None and p.count > 1]
     relations = [p for p in prompts if p.relation is not None]
     held = {multi[i] for i in rng.choice(len(multi), heldout_singles, replace=False)}
-    held |= {relations[i] for i in rng.choice(len(relations), round(len(relations) * heldout_relation_fraction), replace=False)}
+    held |= {
+        relations[i]
+        for i in rng.choice(len(relations), round(len(relations) * heldout_relation_fraction), replace=False)
+    }
     train = [p.text for p in prompts if p not in held]
     heldout = [p.text for p in prompts if p in held]
     return train, heldout
@@ -150,7 +167,7 @@ def render(prompt: Prompt | str, rng: np.random.Generator) -> np.ndarray:
         size = int(rng.choice(OBJECT_SIZES))
         dy, dx = (int(v) for v in rng.integers(0, CELL - size, size=2))  # offsets 0 .. 7 - size
         top, left = row * CELL + dy, col * CELL + dx
-        image[top:top + size, left:left + size][_mask(shape, size)] = COLOURS[colour]
+        image[top : top + size, left : left + size][_mask(shape, size)] = COLOURS[colour]
     return image
 
 

@@ -9,14 +9,22 @@ from gyremedia_speech.rewards import DNSMOSOptions, DNSMOSReward, ESTOIReward, P
 
 @hookimpl
 def gyremedia_register_backbones(register):
-    register("speech_enhancement", SpeechEnhancementBackbone, options=SpeechEnhancementOptions,
-             description="flow-matching speech enhancement in the complex STFT domain (diffusers UNet2DModel)")
+    register(
+        "speech_enhancement",
+        SpeechEnhancementBackbone,
+        options=SpeechEnhancementOptions,
+        description="flow-matching speech enhancement in the complex STFT domain (diffusers UNet2DModel)",
+    )
 
 
 @hookimpl
 def gyremedia_register_rewards(register):
-    register("dnsmos", DNSMOSReward, options=DNSMOSOptions,
-             description="DNSMOS P.835: non-intrusive MOS of speech (1-5), ONNX models of the speechmos package")
+    register(
+        "dnsmos",
+        DNSMOSReward,
+        options=DNSMOSOptions,
+        description="DNSMOS P.835: non-intrusive MOS of speech (1-5), ONNX models of the speechmos package",
+    )
     register("pesq", PESQReward, description="wide-band PESQ (P.862.2) against the clean reference")
     register("estoi", ESTOIReward, description="extended STOI intelligibility against the clean reference")
     register("si_sdr", SISDRReward, description="scale-invariant SDR in dB against the clean reference")

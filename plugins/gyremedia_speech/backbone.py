@@ -50,9 +50,11 @@ class TinyEnhancerOptions:
 
 @dataclass
 class SpeechEnhancementOptions:
-    pretrained: str | None = option(None, check=existing_folder("a folder written by `python -m gyremedia_speech.pretrain`"),
-                                    help="folder written by `python -m gyremedia_speech.pretrain` or a speech export; "
-                                         "None builds `tiny`")
+    pretrained: str | None = option(
+        None,
+        check=existing_folder("a folder written by `python -m gyremedia_speech.pretrain`"),
+        help="folder written by `python -m gyremedia_speech.pretrain` or a speech export; None builds `tiny`",
+    )
     tiny: TinyEnhancerOptions = field(default_factory=TinyEnhancerOptions)
     lora: LoraOptions = field(default_factory=lambda: LoraOptions(target_modules=["conv1", "conv2"]))
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
@@ -64,15 +66,23 @@ def build_tiny_enhancer(options: TinyEnhancerOptions, stft: STFTSettings):
 
     channels, bins, frames = stft.shape
     if bins % (options.patch * 2 ** (len(options.block_out_channels) - 1)) or frames % options.patch:
-        raise ValueError(f"a {bins}x{frames} spectrogram does not fold into {options.patch}-blocks over "
-                         f"{len(options.block_out_channels)} UNet levels")
+        raise ValueError(
+            f"a {bins}x{frames} spectrogram does not fold into {options.patch}-blocks over "
+            f"{len(options.block_out_channels)} UNet levels"
+        )
     torch.manual_seed(options.seed)
     levels = len(options.block_out_channels)
     network = UNet2DModel(
-        sample_size=(bins // options.patch, frames // options.patch), in_channels=2 * channels * options.patch**2,
-        out_channels=channels * options.patch**2, block_out_channels=tuple(options.block_out_channels),
-        down_block_types=("DownBlock2D",) * levels, up_block_types=("UpBlock2D",) * levels,
-        layers_per_block=options.layers_per_block, norm_num_groups=8, add_attention=False)
+        sample_size=(bins // options.patch, frames // options.patch),
+        in_channels=2 * channels * options.patch**2,
+        out_channels=channels * options.patch**2,
+        block_out_channels=tuple(options.block_out_channels),
+        down_block_types=("DownBlock2D",) * levels,
+        up_block_types=("UpBlock2D",) * levels,
+        layers_per_block=options.layers_per_block,
+        norm_num_groups=8,
+        add_attention=False,
+    )
     return network, FlowMatchEulerDiscreteScheduler(shift=1.0), {"patch": options.patch}
 
 
@@ -96,8 +106,10 @@ class SpeechEnhancementBackbone(TransformerPolicy, DenoisingPolicy):
 
             folder = Path(options.pretrained)
             if not (folder / NETWORK_FILE).is_file():
-                raise FileNotFoundError(f"backbone.pretrained={options.pretrained!r} has no {NETWORK_FILE}: point it at a "
-                                        "folder written by `python -m gyremedia_speech.pretrain` or by a speech export")
+                raise FileNotFoundError(
+                    f"backbone.pretrained={options.pretrained!r} has no {NETWORK_FILE}: point it at a "
+                    "folder written by `python -m gyremedia_speech.pretrain` or by a speech export"
+                )
             self.stft = STFTSettings.load(folder)
             self.transformer = UNet2DModel.from_pretrained(folder / "unet")
             self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(folder / "scheduler")
@@ -119,11 +131,20 @@ class SpeechEnhancementBackbone(TransformerPolicy, DenoisingPolicy):
     def sample_noise(self, generators: list[torch.Generator]) -> torch.Tensor:
         return torch.stack([torch.randn(self.stft.shape, generator=g) for g in generators]).to(self.device)
 
-    def predict(self, x: torch.Tensor, sigma: torch.Tensor, conditions: dict[str, torch.Tensor],
-                guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+    def predict(
+        self,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        conditions: dict[str, torch.Tensor],
+        guidance_scale: float = 1.0,
+        *,
+        reference: bool = False,
+    ) -> torch.Tensor:
         """The velocity of spectrogram states ``x [B, 2, F, T]`` at ``sigma`` (scalar or ``[B]``)."""
         if guidance_scale != 1.0:
-            raise ValueError("speech_enhancement has no unconditional branch for guidance: set rollout.guidance_scale=1")
+            raise ValueError(
+                "speech_enhancement has no unconditional branch for guidance: set rollout.guidance_scale=1"
+            )
         noisy = conditions["noisy"].to(x.dtype)
         inputs = F.pixel_unshuffle(torch.cat([x, noisy], dim=1), self.patch)
         timestep = (sigma * 1000).to(x.dtype).reshape(-1).expand(x.shape[0])
@@ -153,7 +174,7 @@ class SpeechEnhancementBackbone(TransformerPolicy, DenoisingPolicy):
         (out_dir / "README.md").write_text(USAGE.replace("STFT_SETTINGS", json.dumps(asdict(self.stft))))
 
 
-USAGE = '''# Trained with gyremedia: a flow-matching speech enhancer (16 kHz mono)
+USAGE = """# Trained with gyremedia: a flow-matching speech enhancer (16 kHz mono)
 
 `unet/` is a stock diffusers `UNet2DModel`; `stft.json` holds the STFT settings (STFT_SETTINGS) and
 `enhancer.json` the patch size the network folds the spectrogram into. The network estimates the clean
@@ -195,4 +216,4 @@ def enhance(noisy, steps=10, generator=None):  # noisy: [B, clip_samples] floats
 ```
 
 or continue training with `backbone.name=speech_enhancement backbone.pretrained=THIS_FOLDER`.
-'''
+"""

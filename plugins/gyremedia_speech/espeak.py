@@ -29,8 +29,16 @@ def _library() -> tuple[ctypes.CDLL, int]:
     library.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
     library.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
     library.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    library.espeak_Synth.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
-                                     ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+    library.espeak_Synth.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_uint,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.c_uint,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
     library.espeak_SetSynthCallback.argtypes = [SYNTH_CALLBACK]
     rate = library.espeak_Initialize(AUDIO_OUTPUT_SYNCHRONOUS, 0, espeakng_loader.get_data_path().encode(), 0)
     if rate <= 0:

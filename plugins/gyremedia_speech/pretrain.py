@@ -29,20 +29,42 @@ from gyremedia.interfaces import BuildContext
 from gyremedia.rollout import Media
 from gyremedia.sampling import renoise
 from gyremedia_samplers.ode import EulerODESampler
-from gyremedia_speech.backbone import (SpeechEnhancementBackbone, SpeechEnhancementOptions, TinyEnhancerOptions,
-                                      noisy_and_clean)
+from gyremedia_speech.backbone import (
+    SpeechEnhancementBackbone,
+    SpeechEnhancementOptions,
+    TinyEnhancerOptions,
+    noisy_and_clean,
+)
 from gyremedia_speech.rewards import DNSMOSOptions, DNSMOSReward, ESTOIReward, PESQReward, SISDRReward
-from gyremedia_speech.world import (HELDOUT_SENTENCES, NOISE_KINDS, PITCHES, RATES, SAMPLE_RATE, SENTENCES, SNR_RANGE,
-                                    TRAIN_VOICES, Utterance, parse_prompt, split_prompts)
+from gyremedia_speech.world import (
+    HELDOUT_SENTENCES,
+    NOISE_KINDS,
+    PITCHES,
+    RATES,
+    SAMPLE_RATE,
+    SENTENCES,
+    SNR_RANGE,
+    TRAIN_VOICES,
+    Utterance,
+    parse_prompt,
+    split_prompts,
+)
 
 PRETRAINING_NOISE_SEEDS = 10_000_000  # first noise seed of the pretraining pairs: apart from every RL prompt's
 
 
 def metrics() -> dict:
-    return {"pesq": PESQReward(), "estoi": ESTOIReward(), "dnsmos": DNSMOSReward(DNSMOSOptions()), "si_sdr": SISDRReward()}
+    return {
+        "pesq": PESQReward(),
+        "estoi": ESTOIReward(),
+        "dnsmos": DNSMOSReward(DNSMOSOptions()),
+        "si_sdr": SISDRReward(),
+    }
 
 
-def evaluate(backbone: SpeechEnhancementBackbone, rewards: dict, prompts: list[str], seed: int = 1234) -> dict[str, float]:
+def evaluate(
+    backbone: SpeechEnhancementBackbone, rewards: dict, prompts: list[str], seed: int = 1234
+) -> dict[str, float]:
     """Mean metrics of one enhancement per prompt, generated with 10 Euler steps."""
     backbone.transformer.eval()
     media = backbone.generate(prompts, seed=seed, sampler=EulerODESampler(), num_steps=10, guidance_scale=1.0).media
@@ -53,19 +75,31 @@ def evaluate(backbone: SpeechEnhancementBackbone, rewards: dict, prompts: list[s
 def noisy_baseline(rewards: dict, prompts: list[str]) -> dict[str, float]:
     """The metrics of the unprocessed noisy input: what enhancement starts from."""
     noisy = torch.from_numpy(np.stack([noisy_and_clean(parse_prompt(p))[0] for p in prompts]))[:, None]
-    return {k: nanmean(v) for k, v in score(rewards, Media("audio", noisy, {"sample_rate": SAMPLE_RATE}), prompts).items()}
+    return {
+        k: nanmean(v) for k, v in score(rewards, Media("audio", noisy, {"sample_rate": SAMPLE_RATE}), prompts).items()
+    }
 
 
 def random_utterances(count: int, rng: np.random.Generator, first_seed: int) -> list[Utterance]:
     """Train-split utterances (train sentences and voices) with noise seeds from ``first_seed``."""
     sentences = range(len(SENTENCES) - HELDOUT_SENTENCES)
-    return [Utterance(int(rng.choice(sentences)), str(rng.choice(TRAIN_VOICES)), int(rng.choice(RATES)),
-                      int(rng.choice(PITCHES)), str(rng.choice(NOISE_KINDS)),
-                      int(rng.integers(SNR_RANGE[0], SNR_RANGE[1] + 1)), first_seed + i) for i in range(count)]
+    return [
+        Utterance(
+            int(rng.choice(sentences)),
+            str(rng.choice(TRAIN_VOICES)),
+            int(rng.choice(RATES)),
+            int(rng.choice(PITCHES)),
+            str(rng.choice(NOISE_KINDS)),
+            int(rng.integers(SNR_RANGE[0], SNR_RANGE[1] + 1)),
+            first_seed + i,
+        )
+        for i in range(count)
+    ]
 
 
-def pretrain(out: Path, steps: int, seed: int, batch: int, lr: float, eval_every: int, eval_prompts: int,
-             snapshots: Path | None) -> dict:
+def pretrain(
+    out: Path, steps: int, seed: int, batch: int, lr: float, eval_every: int, eval_prompts: int, snapshots: Path | None
+) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     train_prompts, heldout_prompts = split_prompts()
@@ -75,8 +109,9 @@ def pretrain(out: Path, steps: int, seed: int, batch: int, lr: float, eval_every
     probe = heldout_prompts[:eval_prompts]
     noisy = noisy_baseline(rewards, probe)
     print(json.dumps({"noisy_input": noisy}), flush=True)
-    backbone = SpeechEnhancementBackbone(SpeechEnhancementOptions(tiny=TinyEnhancerOptions(seed=seed)),
-                                         BuildContext(device=torch.device("cpu")))
+    backbone = SpeechEnhancementBackbone(
+        SpeechEnhancementOptions(tiny=TinyEnhancerOptions(seed=seed)), BuildContext(device=torch.device("cpu"))
+    )
     model = backbone.transformer.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50))
@@ -100,8 +135,12 @@ def pretrain(out: Path, steps: int, seed: int, batch: int, lr: float, eval_every
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         if step % eval_every == 0 or step == steps:
-            record = {"step": step, "minutes": (time.time() - started) / 60, "loss": loss.item(),
-                      "heldout": evaluate(backbone, rewards, probe)}
+            record = {
+                "step": step,
+                "minutes": (time.time() - started) / 60,
+                "loss": loss.item(),
+                "heldout": evaluate(backbone, rewards, probe),
+            }
             history.append(record)
             print(json.dumps(record), flush=True)
             if snapshots is not None:
@@ -109,11 +148,17 @@ def pretrain(out: Path, steps: int, seed: int, batch: int, lr: float, eval_every
     backbone.save_pretrained(out)
     summary = {
         "command": f"python -m gyremedia_speech.pretrain --out {out} --steps {steps} --seed {seed} --batch {batch} "
-                   f"--lr {lr} --eval-every {eval_every} --eval-prompts {eval_prompts}",
-        "seed": seed, "steps": steps, "minutes": (time.time() - started) / 60, "torch_threads": torch.get_num_threads(),
-        "parameters": sum(p.numel() for p in model.parameters()), "noisy_input": noisy,
-        "final": history[-1], "history": history,
-        "train_prompts": len(train_prompts), "heldout_prompts": len(heldout_prompts),
+        f"--lr {lr} --eval-every {eval_every} --eval-prompts {eval_prompts}",
+        "seed": seed,
+        "steps": steps,
+        "minutes": (time.time() - started) / 60,
+        "torch_threads": torch.get_num_threads(),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "noisy_input": noisy,
+        "final": history[-1],
+        "history": history,
+        "train_prompts": len(train_prompts),
+        "heldout_prompts": len(heldout_prompts),
     }
     (out / "pretraining.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -130,8 +175,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts the evaluations score")
     parser.add_argument("--snapshots", type=Path, default=None, help="also save the model at every evaluation")
     args = parser.parse_args(argv)
-    summary = pretrain(args.out, args.steps, args.seed, args.batch, args.lr, args.eval_every, args.eval_prompts,
-                       args.snapshots)
+    summary = pretrain(
+        args.out, args.steps, args.seed, args.batch, args.lr, args.eval_every, args.eval_prompts, args.snapshots
+    )
     print(json.dumps(summary["final"], indent=2))
 
 

@@ -25,8 +25,9 @@ def _waves(media: Media) -> np.ndarray:
     """``[B, N]`` float64 samples of mono 16 kHz audio media."""
     rate = media.meta.get("sample_rate")
     if rate != SAMPLE_RATE or media.data.shape[1] != 1:
-        raise ValueError(f"speech metrics score mono {SAMPLE_RATE} Hz audio, got {media.data.shape[1]} channels "
-                         f"at {rate} Hz")
+        raise ValueError(
+            f"speech metrics score mono {SAMPLE_RATE} Hz audio, got {media.data.shape[1]} channels at {rate} Hz"
+        )
     return media.data[:, 0].detach().double().cpu().numpy()
 
 
@@ -92,15 +93,20 @@ class ESTOIReward:
 
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
         waves, clean = _waves(media), _references(media, prompts)
-        return {"score": torch.tensor([float(self._stoi(c, w, SAMPLE_RATE, extended=True)) for c, w in zip(clean, waves)])}
+        return {
+            "score": torch.tensor([float(self._stoi(c, w, SAMPLE_RATE, extended=True)) for c, w in zip(clean, waves)])
+        }
 
 
 # --------------------------------------------------------------------------- DNSMOS
 
 DNSMOS_INPUT = int(9.01 * SAMPLE_RATE)  # the model's fixed input: 9.01 s
 # DNSMOS P.835's published mapping of the network's raw outputs to MOS (non-personalised model)
-DNSMOS_POLYNOMIALS = {"sig": (-0.08397278, 1.22083953, 0.0052439), "bak": (-0.13166888, 1.60915514, -0.39604546),
-                      "ovrl": (-0.06766283, 1.11546468, 0.04602535)}
+DNSMOS_POLYNOMIALS = {
+    "sig": (-0.08397278, 1.22083953, 0.0052439),
+    "bak": (-0.13166888, 1.60915514, -0.39604546),
+    "ovrl": (-0.06766283, 1.11546468, 0.04602535),
+}
 
 
 @lru_cache(maxsize=1)
@@ -120,8 +126,13 @@ def dnsmos_segments(wave: np.ndarray) -> np.ndarray:
     while len(wave) < DNSMOS_INPUT:
         wave = np.concatenate([wave, wave])
     hops = int(np.floor(len(wave) / SAMPLE_RATE) - 9.01) + 1
-    return np.stack([wave[i * SAMPLE_RATE:i * SAMPLE_RATE + DNSMOS_INPUT] for i in range(hops)
-                     if i * SAMPLE_RATE + DNSMOS_INPUT <= len(wave)])
+    return np.stack(
+        [
+            wave[i * SAMPLE_RATE : i * SAMPLE_RATE + DNSMOS_INPUT]
+            for i in range(hops)
+            if i * SAMPLE_RATE + DNSMOS_INPUT <= len(wave)
+        ]
+    )
 
 
 def dnsmos(waves: np.ndarray, batch_size: int = 1) -> dict[str, torch.Tensor]:
@@ -131,8 +142,12 @@ def dnsmos(waves: np.ndarray, batch_size: int = 1) -> dict[str, torch.Tensor]:
     quickstart's 16 took 1.8 GiB at once (benchmarks/real_shapes.py), and batching them was no faster here."""
     segments = [dnsmos_segments(w.astype(np.float32)) for w in waves]
     stacked = np.concatenate(segments)
-    raw = np.concatenate([_dnsmos_session().run(None, {"input_1": stacked[i:i + batch_size]})[0]
-                          for i in range(0, len(stacked), batch_size)])
+    raw = np.concatenate(
+        [
+            _dnsmos_session().run(None, {"input_1": stacked[i : i + batch_size]})[0]
+            for i in range(0, len(stacked), batch_size)
+        ]
+    )
     owners = np.repeat(np.arange(len(waves)), [len(s) for s in segments])
     result = {}
     for column, (name, coefficients) in enumerate(DNSMOS_POLYNOMIALS.items()):
@@ -143,7 +158,9 @@ def dnsmos(waves: np.ndarray, batch_size: int = 1) -> dict[str, torch.Tensor]:
 
 @dataclass
 class DNSMOSOptions:
-    score: Literal["ovrl", "sig", "bak"] = option("ovrl", help="which DNSMOS P.835 rating is the score: ovrl (overall), sig (speech) or bak (background)")
+    score: Literal["ovrl", "sig", "bak"] = option(
+        "ovrl", help="which DNSMOS P.835 rating is the score: ovrl (overall), sig (speech) or bak (background)"
+    )
 
 
 class DNSMOSReward:

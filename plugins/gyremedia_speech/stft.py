@@ -45,8 +45,14 @@ class STFTSettings:
 
     def to_spec(self, wave: torch.Tensor) -> torch.Tensor:
         """``[B, N]`` waveform -> ``[B, 2, F, T]`` compressed complex spectrogram."""
-        spec = torch.stft(wave.float(), self.n_fft, self.hop_length, window=self._window(wave.device),
-                          center=True, return_complex=True)
+        spec = torch.stft(
+            wave.float(),
+            self.n_fft,
+            self.hop_length,
+            window=self._window(wave.device),
+            center=True,
+            return_complex=True,
+        )
         magnitude = spec.abs()
         compressed = self.scale * magnitude.pow(self.exponent) * torch.exp(1j * spec.angle())
         return torch.view_as_real(compressed).permute(0, 3, 1, 2).contiguous()
@@ -56,5 +62,11 @@ class STFTSettings:
         compressed = torch.view_as_complex(spec.float().permute(0, 2, 3, 1).contiguous())
         magnitude = (compressed.abs() / self.scale).pow(1 / self.exponent)
         complex_spec = torch.polar(magnitude, compressed.angle())
-        return torch.istft(complex_spec, self.n_fft, self.hop_length, window=self._window(spec.device), center=True,
-                           length=self.clip_samples)
+        return torch.istft(
+            complex_spec,
+            self.n_fft,
+            self.hop_length,
+            window=self._window(spec.device),
+            center=True,
+            length=self.clip_samples,
+        )

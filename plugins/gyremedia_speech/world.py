@@ -31,18 +31,55 @@ PITCHES = (30, 45, 60, 75)
 
 #: Our own sentence list: short, everyday, every phoneme class; the last 12 are held out.
 SENTENCES = (
-    "open the red door", "the dog runs home", "we bake fresh bread", "call me at noon", "the sun is warm",
-    "pass the salt please", "birds sing at dawn", "my car is blue", "read the next page", "she plays chess",
-    "turn off the light", "the lake is cold", "he fixed the chair", "rain falls all day", "buy six green apples",
-    "the train was late", "wash your hands now", "a fox jumped high", "keep the change", "they walked to school",
-    "put on your coat", "the milk is sour", "we sat by the fire", "her voice is soft", "the clock struck nine",
-    "send me a letter", "the cat sleeps inside", "bring the map along", "this soup tastes good", "close the window",
-    "the kids laughed loudly", "paint the fence white", "a bee flew past", "lock the gate tonight",
-    "the river runs fast", "pick up the phone",
+    "open the red door",
+    "the dog runs home",
+    "we bake fresh bread",
+    "call me at noon",
+    "the sun is warm",
+    "pass the salt please",
+    "birds sing at dawn",
+    "my car is blue",
+    "read the next page",
+    "she plays chess",
+    "turn off the light",
+    "the lake is cold",
+    "he fixed the chair",
+    "rain falls all day",
+    "buy six green apples",
+    "the train was late",
+    "wash your hands now",
+    "a fox jumped high",
+    "keep the change",
+    "they walked to school",
+    "put on your coat",
+    "the milk is sour",
+    "we sat by the fire",
+    "her voice is soft",
+    "the clock struck nine",
+    "send me a letter",
+    "the cat sleeps inside",
+    "bring the map along",
+    "this soup tastes good",
+    "close the window",
+    "the kids laughed loudly",
+    "paint the fence white",
+    "a bee flew past",
+    "lock the gate tonight",
+    "the river runs fast",
+    "pick up the phone",
     # held out
-    "the bus stops here", "water the plants", "his shoes are wet", "the song ended well", "find the lost key",
-    "we need more chairs", "the boat sailed away", "cut the paper twice", "the room smells nice",
-    "wait for the signal", "the horse ate hay", "move the box over",
+    "the bus stops here",
+    "water the plants",
+    "his shoes are wet",
+    "the song ended well",
+    "find the lost key",
+    "we need more chairs",
+    "the boat sailed away",
+    "cut the paper twice",
+    "the room smells nice",
+    "wait for the signal",
+    "the horse ate hay",
+    "move the box over",
 )
 HELDOUT_SENTENCES = 12
 TRAIN_VOICES = ("en-us+m3", "en-us+f3", "en+m1", "en+f2", "en-us+m7", "en+f4")
@@ -65,8 +102,10 @@ class Utterance:
 
     @property
     def prompt(self) -> str:
-        return (f"sentence {self.sentence}, voice {self.voice}, rate {self.rate}, pitch {self.pitch}: "
-                f"{self.noise_kind} at {self.snr_db} dB, noise {self.noise_seed}")
+        return (
+            f"sentence {self.sentence}, voice {self.voice}, rate {self.rate}, pitch {self.pitch}: "
+            f"{self.noise_kind} at {self.snr_db} dB, noise {self.noise_seed}"
+        )
 
     @property
     def heldout(self) -> bool:
@@ -95,10 +134,13 @@ def parse_prompt(text: str) -> Utterance:
     """Parse a NoisySpeech prompt; raises ``ValueError`` showing the format for anything else."""
     m = _PROMPT.match(" ".join(text.split()))
     if not m or m.group(5) not in NOISE_KINDS or int(m.group(1)) >= len(SENTENCES):
-        raise ValueError(f"{text!r} is not a NoisySpeech prompt: expected 'sentence N, voice VOICE, rate R, pitch P: "
-                         f"KIND at S dB, noise SEED' with N < {len(SENTENCES)} and KIND one of {', '.join(NOISE_KINDS)}")
-    return Utterance(int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4)), m.group(5), int(m.group(6)),
-                     int(m.group(7)))
+        raise ValueError(
+            f"{text!r} is not a NoisySpeech prompt: expected 'sentence N, voice VOICE, rate R, pitch P: "
+            f"KIND at S dB, noise SEED' with N < {len(SENTENCES)} and KIND one of {', '.join(NOISE_KINDS)}"
+        )
+    return Utterance(
+        int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4)), m.group(5), int(m.group(6)), int(m.group(7))
+    )
 
 
 def split_prompts(train: int = 512, heldout: int = 64, seed: int = 0) -> tuple[list[str], list[str]]:
@@ -106,13 +148,24 @@ def split_prompts(train: int = 512, heldout: int = 64, seed: int = 0) -> tuple[l
     rng = np.random.default_rng(seed)
 
     def draw(count: int, sentences: range, voices: tuple[str, ...], first_seed: int) -> list[str]:
-        return [Utterance(int(rng.choice(sentences)), str(rng.choice(voices)), int(rng.choice(RATES)),
-                          int(rng.choice(PITCHES)), str(rng.choice(NOISE_KINDS)), int(rng.integers(SNR_RANGE[0], SNR_RANGE[1] + 1)),
-                          first_seed + i).prompt for i in range(count)]
+        return [
+            Utterance(
+                int(rng.choice(sentences)),
+                str(rng.choice(voices)),
+                int(rng.choice(RATES)),
+                int(rng.choice(PITCHES)),
+                str(rng.choice(NOISE_KINDS)),
+                int(rng.integers(SNR_RANGE[0], SNR_RANGE[1] + 1)),
+                first_seed + i,
+            ).prompt
+            for i in range(count)
+        ]
 
     boundary = len(SENTENCES) - HELDOUT_SENTENCES
-    return (draw(train, range(boundary), TRAIN_VOICES, 0),
-            draw(heldout, range(boundary, len(SENTENCES)), HELDOUT_VOICES, 1_000_000))
+    return (
+        draw(train, range(boundary), TRAIN_VOICES, 0),
+        draw(heldout, range(boundary, len(SENTENCES)), HELDOUT_VOICES, 1_000_000),
+    )
 
 
 # --------------------------------------------------------------------------- clean speech
@@ -127,10 +180,10 @@ def _clean(sentence: int, voice: str, rate: int, pitch: int) -> np.ndarray:
     speech = synthesize(SENTENCES[sentence], voice=voice, rate=rate, pitch=pitch)
     speech = resample_poly(speech, SAMPLE_RATE, sample_rate()).astype(np.float32)
     loud = np.flatnonzero(np.abs(speech) > 0.02 * np.abs(speech).max())
-    speech = speech[loud[0]:loud[-1] + 1][:CLIP_SAMPLES - SAMPLE_RATE // 20]  # trimmed, 25 ms margins at least
+    speech = speech[loud[0] : loud[-1] + 1][: CLIP_SAMPLES - SAMPLE_RATE // 20]  # trimmed, 25 ms margins at least
     clip = np.zeros(CLIP_SAMPLES, dtype=np.float32)
     start = (CLIP_SAMPLES - len(speech)) // 2
-    clip[start:start + len(speech)] = speech
+    clip[start : start + len(speech)] = speech
     return clip * (CLEAN_RMS / float(np.sqrt(np.mean(clip**2))))
 
 
@@ -153,7 +206,9 @@ def _hum(rng: np.random.Generator, utterance: Utterance) -> np.ndarray:
     """Mains hum at 50 or 60 Hz with decaying odd and even harmonics and a little hiss."""
     t = np.arange(CLIP_SAMPLES) / SAMPLE_RATE
     base = rng.choice([50.0, 60.0])
-    hum = sum(rng.uniform(0.3, 1.0) / k * np.sin(2 * np.pi * base * k * t + rng.uniform(0, 2 * np.pi)) for k in range(1, 9))
+    hum = sum(
+        rng.uniform(0.3, 1.0) / k * np.sin(2 * np.pi * base * k * t + rng.uniform(0, 2 * np.pi)) for k in range(1, 9)
+    )
     return hum + 0.05 * rng.standard_normal(CLIP_SAMPLES)
 
 
@@ -163,8 +218,13 @@ def _babble(rng: np.random.Generator, utterance: Utterance) -> np.ndarray:
     sentences = range(boundary, len(SENTENCES)) if utterance.heldout else range(boundary)
     voices = HELDOUT_VOICES if utterance.heldout else TRAIN_VOICES
     others = [s for s in sentences if s != utterance.sentence]
-    talkers = [np.roll(_clean(int(rng.choice(others)), str(rng.choice(voices)), int(rng.choice(RATES)), int(rng.choice(PITCHES))),
-                       int(rng.integers(CLIP_SAMPLES))) for _ in range(3)]
+    talkers = [
+        np.roll(
+            _clean(int(rng.choice(others)), str(rng.choice(voices)), int(rng.choice(RATES)), int(rng.choice(PITCHES))),
+            int(rng.integers(CLIP_SAMPLES)),
+        )
+        for _ in range(3)
+    ]
     return np.sum(talkers, axis=0)
 
 
@@ -175,7 +235,7 @@ def _bursts(rng: np.random.Generator, utterance: Utterance) -> np.ndarray:
         length = int(rng.integers(SAMPLE_RATE * 3 // 100, SAMPLE_RATE * 15 // 100))
         start = int(rng.integers(0, CLIP_SAMPLES - length))
         burst = np.convolve(rng.standard_normal(length), np.ones(int(rng.integers(1, 8))), mode="same")
-        noise[start:start + length] += burst * np.hanning(length) * rng.uniform(0.5, 1.0)
+        noise[start : start + length] += burst * np.hanning(length) * rng.uniform(0.5, 1.0)
     return noise + 0.01 * rng.standard_normal(CLIP_SAMPLES)
 
 

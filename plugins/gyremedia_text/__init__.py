@@ -9,5 +9,9 @@ from gyremedia_text.reward import AdditionVerifier, AdditionVerifierOptions
 
 @hookimpl
 def gyremedia_register_rewards(register):
-    register("addition_verifier", AdditionVerifier, options=AdditionVerifierOptions,
-             description="text: exact match of the completion's answer with the sum the prompt asks for")
+    register(
+        "addition_verifier",
+        AdditionVerifier,
+        options=AdditionVerifierOptions,
+        description="text: exact match of the completion's answer with the sum the prompt asks for",
+    )

@@ -36,8 +36,15 @@ MAX_NEW_TOKENS = MAX_DIGITS + 2  # the sum's digits and <eos>
 TRAIN_PROMPTS, HELDOUT_PROMPTS = 2000, 256
 TRAIN_FILE_SEED, HELDOUT_FILE_SEED = 1, 2  # the prompt files do not depend on --seed
 EVAL_SEED, EVAL_SAMPLES = 1234, 8
-MODEL = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
-             num_key_value_heads=4, max_position_embeddings=MAX_LENGTH, tie_word_embeddings=True)
+MODEL = dict(
+    hidden_size=128,
+    intermediate_size=512,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=MAX_LENGTH,
+    tie_word_embeddings=True,
+)
 
 
 def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
@@ -46,8 +53,14 @@ def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()  # concatenate characters, no spaces between them
     tokenizer.train_from_iterator(corpus, WordLevelTrainer(special_tokens=[PAD, EOS, UNK]))
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, unk_token=UNK,
-                                   padding_side="left", model_max_length=MAX_LENGTH)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=PAD,
+        eos_token=EOS,
+        unk_token=UNK,
+        padding_side="left",
+        model_max_length=MAX_LENGTH,
+    )
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
@@ -56,8 +69,13 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausal
     Llama rather than Qwen2: ``AutoTokenizer`` swaps in its own byte-level BPE class for a
     ``qwen2`` model folder, whereas for ``llama`` it loads the saved character tokenizer as it is.
     """
-    config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-                         eos_token_id=tokenizer.eos_token_id, **MODEL)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        **MODEL,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -79,15 +97,20 @@ def training_batch(tokenizer: PreTrainedTokenizerFast, prompts: list[str]) -> di
     attention_mask = torch.zeros((len(prompts), length), dtype=torch.long)
     for row, (p, a) in enumerate(zip(prompt_ids, answer_ids)):
         target = a + [tokenizer.eos_token_id]
-        input_ids[row, :len(p) + len(target)] = torch.tensor(p + target)
-        labels[row, len(p):len(p) + len(target)] = torch.tensor(target)
-        attention_mask[row, :len(p) + len(target)] = 1
+        input_ids[row, : len(p) + len(target)] = torch.tensor(p + target)
+        labels[row, len(p) : len(p) + len(target)] = torch.tensor(target)
+        attention_mask[row, : len(p) + len(target)] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
 @torch.no_grad()
-def complete(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, prompts: list[str],
-             temperature: float = 0.0, seed: int = EVAL_SEED) -> list[str]:
+def complete(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    prompts: list[str],
+    temperature: float = 0.0,
+    seed: int = EVAL_SEED,
+) -> list[str]:
     """One completion per prompt (text before <eos>): greedy at temperature 0, else sampled.
 
     Prompts are batched by token length, so no batch needs padding; each step recomputes the
@@ -108,13 +131,14 @@ def complete(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, prompt
             ids = torch.cat([ids, token[:, None]], 1)
         for row, generated in zip(rows, ids[:, length:].tolist()):
             if tokenizer.eos_token_id in generated:
-                generated = generated[:generated.index(tokenizer.eos_token_id)]
+                generated = generated[: generated.index(tokenizer.eos_token_id)]
             completions[row] = tokenizer.decode(generated)
     return completions
 
 
-def evaluate(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, train: list[str],
-             heldout: list[str]) -> dict[str, float | dict[str, float]]:
+def evaluate(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, train: list[str], heldout: list[str]
+) -> dict[str, float | dict[str, float]]:
     """Exact-match accuracies: greedy on both splits, and temperature-1 pass@1 / pass@8 held out."""
     model.eval()
     greedy = [is_correct(p, c) for p, c in zip(heldout, complete(model, tokenizer, heldout))]
@@ -135,8 +159,9 @@ def evaluate(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, train:
     return metrics
 
 
-def pretrain(out: Path, steps: int, seed: int, batch: int, lr: float, warmup: int, eval_every: int,
-             threads: int) -> dict:
+def pretrain(
+    out: Path, steps: int, seed: int, batch: int, lr: float, warmup: int, eval_every: int, threads: int
+) -> dict:
     """Train, evaluate every ``eval_every`` steps, save the folder and return the summary."""
     torch.set_num_threads(threads)
     started = time.time()
@@ -151,7 +176,7 @@ def pretrain(out: Path, steps: int, seed: int, batch: int, lr: float, warmup: in
     history = []
     progress = tqdm(range(1, steps + 1), desc="pretrain", mininterval=5)
     for step in progress:
-        loss = model(**training_batch(tokenizer, stream[(step - 1) * batch:step * batch])).loss
+        loss = model(**training_batch(tokenizer, stream[(step - 1) * batch : step * batch])).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -159,8 +184,12 @@ def pretrain(out: Path, steps: int, seed: int, batch: int, lr: float, warmup: in
         optimizer.zero_grad(set_to_none=True)
         progress.set_postfix(loss=f"{loss.item():.4f}")
         if step % eval_every == 0 or step == steps:
-            record = {"step": step, "seconds": round(time.time() - started, 1), "loss": float(loss),
-                      **evaluate(model, tokenizer, train_prompts, heldout_prompts)}
+            record = {
+                "step": step,
+                "seconds": round(time.time() - started, 1),
+                "loss": float(loss),
+                **evaluate(model, tokenizer, train_prompts, heldout_prompts),
+            }
             history.append(record)
             tqdm.write(json.dumps(record))
     model.eval()
@@ -171,16 +200,23 @@ def pretrain(out: Path, steps: int, seed: int, batch: int, lr: float, warmup: in
     (out / "heldout_prompts.txt").write_text("\n".join(heldout_prompts) + "\n")
     summary = {
         "command": f"python -m gyremedia_text.pretrain --out {out} --steps {steps} --seed {seed} --batch {batch} "
-                   f"--lr {lr} --warmup {warmup} --eval-every {eval_every} --threads {threads}",
-        "seed": seed, "steps": steps, "batch": batch, "lr": lr, "warmup": warmup, "torch_threads": threads,
+        f"--lr {lr} --warmup {warmup} --eval-every {eval_every} --threads {threads}",
+        "seed": seed,
+        "steps": steps,
+        "batch": batch,
+        "lr": lr,
+        "warmup": warmup,
+        "torch_threads": threads,
         "model": {"class": type(model).__name__, **MODEL, "vocab_size": len(tokenizer)},
         "parameters": sum(p.numel() for p in model.parameters()),
         "seconds": round(time.time() - started, 1),
         "evaluation": f"exact match of the leading digits; greedy on {HELDOUT_PROMPTS} held-out and "
-                      f"{TRAIN_PROMPTS} train prompts; {EVAL_SAMPLES} samples per held-out prompt at "
-                      f"temperature 1 (seed {EVAL_SEED}); by_max_digits groups by the longer operand",
-        "final": history[-1], "history": history,
-        "train_prompts": len(train_prompts), "heldout_prompts": len(heldout_prompts),
+        f"{TRAIN_PROMPTS} train prompts; {EVAL_SAMPLES} samples per held-out prompt at "
+        f"temperature 1 (seed {EVAL_SEED}); by_max_digits groups by the longer operand",
+        "final": history[-1],
+        "history": history,
+        "train_prompts": len(train_prompts),
+        "heldout_prompts": len(heldout_prompts),
     }
     (out / "pretraining.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -197,13 +233,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (results depend on it)")
     args = parser.parse_args(argv)
-    summary = pretrain(args.out, args.steps, args.seed, args.batch, args.lr, args.warmup, args.eval_every,
-                       args.threads)
+    summary = pretrain(args.out, args.steps, args.seed, args.batch, args.lr, args.warmup, args.eval_every, args.threads)
     final = summary["final"]
     print(f"{summary['parameters']:,} parameters, {summary['steps']} steps in {summary['seconds']:.0f} s -> {args.out}")
-    print(f"held-out greedy {final['heldout_greedy']:.3f}, train greedy {final['train_greedy']:.3f}, "
-          f"held-out sampled pass@1 {final['heldout_sampled_pass@1']:.3f}, "
-          f"pass@{EVAL_SAMPLES} {final[f'heldout_sampled_pass@{EVAL_SAMPLES}']:.3f}")
+    print(
+        f"held-out greedy {final['heldout_greedy']:.3f}, train greedy {final['train_greedy']:.3f}, "
+        f"held-out sampled pass@1 {final['heldout_sampled_pass@1']:.3f}, "
+        f"pass@{EVAL_SAMPLES} {final[f'heldout_sampled_pass@{EVAL_SAMPLES}']:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -14,10 +14,12 @@ from gyremedia_text.task import answer, extract_answer
 
 @dataclass
 class AdditionVerifierOptions:
-    partial_credit: bool = option(False, help="score = the share of the sum's digits in place (right-aligned), "
-                                              "else 1 only for the exact answer")
-    answer_field: str = option("answer", help="the prompt record's field holding the expected answer; a prompt "
-                                              "without it is parsed ('A+B=')")
+    partial_credit: bool = option(
+        False, help="score = the share of the sum's digits in place (right-aligned), else 1 only for the exact answer"
+    )
+    answer_field: str = option(
+        "answer", help="the prompt record's field holding the expected answer; a prompt without it is parsed ('A+B=')"
+    )
 
 
 def expected_answer(prompt: str, field: str) -> str:
@@ -49,5 +51,8 @@ class AdditionVerifier:
         given = [extract_answer(text) for text in media.data]
         correct = torch.tensor([float(e == g) for e, g in zip(expected, given)])
         credit = torch.tensor([digits_in_place(e, g) for e, g in zip(expected, given)])
-        return {"score": credit if self.partial_credit else correct, "correct": correct,
-                "answered": torch.tensor([float(g is not None) for g in given])}
+        return {
+            "score": credit if self.partial_credit else correct,
+            "correct": correct,
+            "answered": torch.tensor([float(g is not None) for g in given]),
+        }

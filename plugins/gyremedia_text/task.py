@@ -68,8 +68,9 @@ def is_heldout(a: int, b: int) -> bool:
     return zlib.crc32(format_prompt(a, b).encode()) % HELDOUT_BUCKETS == 0
 
 
-def make_problems(count: int, seed: int, split: Split = "train", max_digits: int = MAX_DIGITS,
-                  unique: bool = False) -> list[str]:
+def make_problems(
+    count: int, seed: int, split: Split = "train", max_digits: int = MAX_DIGITS, unique: bool = False
+) -> list[str]:
     """``count`` prompts of one split, deterministic for a given seed.
 
     ``unique=True`` skips repeated prompts (the prompt files); without it the problems are i.i.d.
@@ -90,7 +91,7 @@ def make_problems(count: int, seed: int, split: Split = "train", max_digits: int
         # Vectorised draws in chunks: digit counts 1..max_digits, then a value with that many digits.
         digits = rng.integers(1, max_digits + 1, size=(1024, 2))
         low = np.where(digits == 1, 0, 10 ** (digits - 1))
-        values = rng.integers(low, 10 ** digits)
+        values = rng.integers(low, 10**digits)
         draws += len(values)
         for a, b in values.tolist():
             prompt = format_prompt(a, b)

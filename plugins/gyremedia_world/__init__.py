@@ -9,13 +9,25 @@ from gyremedia_world.rewards import FidelityOptions, FidelityReward, InverseDyna
 
 @hookimpl
 def gyremedia_register_backbones(register):
-    register("video_world", VideoWorldBackbone, options=VideoWorldOptions,
-             description="action-conditioned video flow world model (diffusers Wan transformer), clip by clip")
+    register(
+        "video_world",
+        VideoWorldBackbone,
+        options=VideoWorldOptions,
+        description="action-conditioned video flow world model (diffusers Wan transformer), clip by clip",
+    )
 
 
 @hookimpl
 def gyremedia_register_rewards(register):
-    register("inverse_dynamics", InverseDynamicsReward, options=InverseDynamicsOptions,
-             description="RLIR: share of commanded actions an inverse dynamics model recovers from the clip")
-    register("world_fidelity", FidelityReward, options=FidelityOptions,
-             description="RLVR-World: PSNR / SSIM of the clip against the environment's true frames")
+    register(
+        "inverse_dynamics",
+        InverseDynamicsReward,
+        options=InverseDynamicsOptions,
+        description="RLIR: share of commanded actions an inverse dynamics model recovers from the clip",
+    )
+    register(
+        "world_fidelity",
+        FidelityReward,
+        options=FidelityOptions,
+        description="RLVR-World: PSNR / SSIM of the clip against the environment's true frames",
+    )

@@ -47,8 +47,11 @@ class TinyWorldOptions:
 
 @dataclass
 class VideoWorldOptions:
-    pretrained: str | None = option(None, check=existing_folder("a folder written by `python -m gyremedia_world.pretrain`"),
-                                    help="folder written by `python -m gyremedia_world.pretrain`; None builds `tiny`")
+    pretrained: str | None = option(
+        None,
+        check=existing_folder("a folder written by `python -m gyremedia_world.pretrain`"),
+        help="folder written by `python -m gyremedia_world.pretrain`; None builds `tiny`",
+    )
     tiny: TinyWorldOptions = field(default_factory=TinyWorldOptions)
     lora: LoraOptions = field(default_factory=LoraOptions)
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
@@ -61,10 +64,17 @@ def build_tiny_world(options: TinyWorldOptions):
 
     torch.manual_seed(options.seed)
     transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=options.num_attention_heads,
-        attention_head_dim=options.attention_head_dim, in_channels=3 + 3 + len(ACTIONS), out_channels=3,
-        text_dim=len(ACTIONS) + options.clip_frames, freq_dim=32, ffn_dim=options.ffn_dim,
-        num_layers=options.num_layers, rope_max_seq_len=64)
+        patch_size=(1, 2, 2),
+        num_attention_heads=options.num_attention_heads,
+        attention_head_dim=options.attention_head_dim,
+        in_channels=3 + 3 + len(ACTIONS),
+        out_channels=3,
+        text_dim=len(ACTIONS) + options.clip_frames,
+        freq_dim=32,
+        ffn_dim=options.ffn_dim,
+        num_layers=options.num_layers,
+        rope_max_seq_len=64,
+    )
     world = {"frame": FRAME, "clip_frames": options.clip_frames, "actions": list(ACTIONS)}
     return transformer, FlowMatchEulerDiscreteScheduler(shift=1.0), world
 
@@ -83,15 +93,19 @@ class VideoWorldBackbone(TransformerPolicy, DenoisingPolicy):
 
             folder = Path(options.pretrained)
             if not (folder / WORLD_FILE).is_file():
-                raise FileNotFoundError(f"backbone.pretrained={options.pretrained!r} has no {WORLD_FILE}: point it at a "
-                                        "folder written by `python -m gyremedia_world.pretrain` or by a video_world export")
+                raise FileNotFoundError(
+                    f"backbone.pretrained={options.pretrained!r} has no {WORLD_FILE}: point it at a "
+                    "folder written by `python -m gyremedia_world.pretrain` or by a video_world export"
+                )
             self.transformer = WanTransformer3DModel.from_pretrained(folder / "transformer")
             self.scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(folder / "scheduler")
             self.world = json.loads((folder / WORLD_FILE).read_text())
         else:
             self.transformer, self.scheduler, self.world = build_tiny_world(options.tiny)
         if self.world["actions"] != list(ACTIONS):
-            raise ValueError(f"{options.pretrained}: trained on actions {self.world['actions']}, this world has {list(ACTIONS)}")
+            raise ValueError(
+                f"{options.pretrained}: trained on actions {self.world['actions']}, this world has {list(ACTIONS)}"
+            )
         self.clip_frames = int(self.world["clip_frames"])
         self.transformer.to(self.device)
         self._prepare_training(options.lora, options.gradient_checkpointing, context.mixed_precision)
@@ -103,8 +117,10 @@ class VideoWorldBackbone(TransformerPolicy, DenoisingPolicy):
         episodes = [parse_prompt(p) for p in prompts]
         wrong = [p for p, e in zip(prompts, episodes) if len(e.actions) != self.clip_frames]
         if wrong:
-            raise ValueError(f"this world model generates clips of {self.clip_frames} frames, one action each; "
-                             f"prompt {wrong[0]!r} commands a different number")
+            raise ValueError(
+                f"this world model generates clips of {self.clip_frames} frames, one action each; "
+                f"prompt {wrong[0]!r} commands a different number"
+            )
         context = torch.stack([torch.from_numpy(e.context()) for e in episodes]) * 2 - 1
         actions = torch.tensor([e.actions for e in episodes], dtype=torch.long)
         return {"context": context.to(self.device), "actions": actions.to(self.device)}
@@ -113,8 +129,15 @@ class VideoWorldBackbone(TransformerPolicy, DenoisingPolicy):
         shape = (3, self.clip_frames, self.world["frame"], self.world["frame"])
         return torch.stack([torch.randn(shape, generator=g) for g in generators]).to(self.device)
 
-    def predict(self, x: torch.Tensor, sigma: torch.Tensor, conditions: dict[str, torch.Tensor],
-                guidance_scale: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+    def predict(
+        self,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        conditions: dict[str, torch.Tensor],
+        guidance_scale: float = 1.0,
+        *,
+        reference: bool = False,
+    ) -> torch.Tensor:
         """The velocity of clip states ``x [B, 3, T, H, W]`` at ``sigma`` (scalar or ``[B]``)."""
         if guidance_scale != 1.0:
             raise ValueError("video_world has no unconditional branch for guidance: set rollout.guidance_scale=1")
@@ -124,8 +147,12 @@ class VideoWorldBackbone(TransformerPolicy, DenoisingPolicy):
         planes = actions.permute(0, 2, 1)[..., None, None].expand(-1, -1, -1, height, width)
         positions = torch.eye(frames, dtype=x.dtype, device=x.device).expand(batch, -1, -1)
         timestep = (sigma * 1000).to(x.dtype).reshape(-1).expand(batch)
-        return self._forward(reference, hidden_states=torch.cat([x, context, planes], dim=1), timestep=timestep,
-                             encoder_hidden_states=torch.cat([actions, positions], dim=2))
+        return self._forward(
+            reference,
+            hidden_states=torch.cat([x, context, planes], dim=1),
+            timestep=timestep,
+            encoder_hidden_states=torch.cat([actions, positions], dim=2),
+        )
 
     @torch.no_grad()
     def decode(self, final: torch.Tensor) -> Media:
@@ -134,8 +161,9 @@ class VideoWorldBackbone(TransformerPolicy, DenoisingPolicy):
         return Media("video", frames.clamp(0, 1), {"fps": self.options.fps})
 
     @torch.no_grad()
-    def generate_clips(self, sampler, context: torch.Tensor, actions: torch.Tensor, *, seed: int, ids: list[int],
-                       num_steps: int) -> torch.Tensor:
+    def generate_clips(
+        self, sampler, context: torch.Tensor, actions: torch.Tensor, *, seed: int, ids: list[int], num_steps: int
+    ) -> torch.Tensor:
         """Roll out autoregressively: clip ``k`` continues from the last frame clip ``k - 1`` generated.
 
         ``context [B, 3, H, W]`` in [-1, 1], ``actions [B, K * clip_frames]``; returns the video
@@ -143,10 +171,16 @@ class VideoWorldBackbone(TransformerPolicy, DenoisingPolicy):
         """
         clips = []
         for k, begin in enumerate(range(0, actions.shape[1], self.clip_frames)):
-            conditions = {"context": context, "actions": actions[:, begin:begin + self.clip_frames]}
+            conditions = {"context": context, "actions": actions[:, begin : begin + self.clip_frames]}
             states, _, _ = sample_trajectories(
-                self, sampler, conditions, initial_generators=sample_generators(seed, k, Stream.INITIAL_NOISE, ids),
-                step_generators=sample_generators(seed, k, Stream.STEP_NOISE, ids), num_steps=num_steps, guidance_scale=1.0)
+                self,
+                sampler,
+                conditions,
+                initial_generators=sample_generators(seed, k, Stream.INITIAL_NOISE, ids),
+                step_generators=sample_generators(seed, k, Stream.STEP_NOISE, ids),
+                num_steps=num_steps,
+                guidance_scale=1.0,
+            )
             final = states[:, -1]
             clips.append(self.decode(final).data)
             context = final[:, :, -1].clamp(-1, 1)  # the frame as decoded: a valid image
@@ -188,4 +222,3 @@ video = model.generate_clips(EulerODESampler(), conditions["context"], condition
 
 or continue training with `backbone.name=video_world backbone.pretrained=THIS_FOLDER`.
 """
-

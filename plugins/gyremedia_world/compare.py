@@ -36,7 +36,9 @@ def extend(episode: Episode, clips: int, clip_frames: int) -> Episode:
     return Episode(episode.episode, episode.actions + tuple(int(a) for a in extra))
 
 
-def clip_scores(video: torch.Tensor, truth: torch.Tensor, episodes: list[Episode], clip_frames: int) -> list[dict[str, float]]:
+def clip_scores(
+    video: torch.Tensor, truth: torch.Tensor, episodes: list[Episode], clip_frames: int
+) -> list[dict[str, float]]:
     """Per clip: inverse-dynamics accuracy of its actions (read from the model's own frames, the clip's
     context first), and PSNR and SSIM against the truth (which measure the drift too)."""
     inverse_dynamics = InverseDynamicsModel.load(asset_path("world16/inverse_dynamics"))
@@ -46,9 +48,14 @@ def clip_scores(video: torch.Tensor, truth: torch.Tensor, episodes: list[Episode
     right = logits.argmax(-1) == torch.tensor([e.actions for e in episodes])
     scores = []
     for begin in range(0, video.shape[1], clip_frames):
-        clip, true_clip = (v[:, begin:begin + clip_frames].flatten(0, 1) for v in (video, truth))
-        scores.append({"id_accuracy": float(right[:, begin:begin + clip_frames].float().mean()),
-                       "psnr": float(psnr(clip, true_clip).mean()), "ssim": float(ssim(clip, true_clip).mean())})
+        clip, true_clip = (v[:, begin : begin + clip_frames].flatten(0, 1) for v in (video, truth))
+        scores.append(
+            {
+                "id_accuracy": float(right[:, begin : begin + clip_frames].float().mean()),
+                "psnr": float(psnr(clip, true_clip).mean()),
+                "ssim": float(ssim(clip, true_clip).mean()),
+            }
+        )
     return scores
 
 
@@ -67,8 +74,9 @@ def compare(run_dir: Path, clips: int, episodes: int) -> dict:
 
     def generate() -> torch.Tensor:
         backbone.trainable_module().eval()
-        return backbone.generate_clips(sampler, context, actions, seed=config.core.eval.seed, ids=list(range(len(chosen))),
-                                       num_steps=num_steps).cpu()
+        return backbone.generate_clips(
+            sampler, context, actions, seed=config.core.eval.seed, ids=list(range(len(chosen))), num_steps=num_steps
+        ).cpu()
 
     videos = {"base": generate()}
     runs.load_trained_weights(backbone, run_dir)
@@ -76,8 +84,14 @@ def compare(run_dir: Path, clips: int, episodes: int) -> dict:
     truth = torch.stack([torch.from_numpy(e.truth()) for e in chosen])
     path, shown = run_dir / "samples" / "autoregressive.gif", min(GIF_EPISODES, len(chosen))
     captions = [label for label in ("truth", "base", "trained") for _ in range(shown)]
-    save_video_grid(torch.cat([truth[:shown], videos["base"][:shown], videos["trained"][:shown]]), captions, path,
-                    columns=shown, fps=backbone.options.fps, caption_lines=1)
+    save_video_grid(
+        torch.cat([truth[:shown], videos["base"][:shown], videos["trained"][:shown]]),
+        captions,
+        path,
+        columns=shown,
+        fps=backbone.options.fps,
+        caption_lines=1,
+    )
     report = {label: clip_scores(video, truth, chosen, backbone.clip_frames) for label, video in videos.items()}
     return {"episodes": len(chosen), "clips": clips, "gif": str(path), **report}
 

@@ -41,8 +41,9 @@ class WorldState:
 
     def step(self, action: int) -> WorldState:
         dr, dc = MOVES[ACTIONS[action]]
-        return WorldState((self.row + dr) % FRAME, (self.col + dc) % FRAME, self.colour, self.landmark_row,
-                          self.landmark_col)
+        return WorldState(
+            (self.row + dr) % FRAME, (self.col + dc) % FRAME, self.colour, self.landmark_row, self.landmark_col
+        )
 
 
 def start_state(episode: int) -> WorldState:
@@ -58,14 +59,17 @@ def render(state: WorldState, sprite: np.ndarray | None = None) -> np.ndarray:
     ``sprite`` (a boolean mask, centred where the 4x4 sprite is) draws the agent with another shape.
     """
     frame = np.full((3, FRAME, FRAME), BACKGROUND, dtype=np.float32)
-    frame[:, state.landmark_row:state.landmark_row + LANDMARK, state.landmark_col:state.landmark_col + LANDMARK] = \
+    frame[:, state.landmark_row : state.landmark_row + LANDMARK, state.landmark_col : state.landmark_col + LANDMARK] = (
         np.array(LANDMARK_COLOUR, dtype=np.float32)[:, None, None]
+    )
     mask = np.ones((SPRITE, SPRITE), dtype=bool) if sprite is None else sprite
     offset = (SPRITE - mask.shape[0]) // 2
     rows = (state.row + offset + np.arange(mask.shape[0])) % FRAME
     cols = (state.col + offset + np.arange(mask.shape[1])) % FRAME
     colour = np.array(AGENT_COLOURS[state.colour], dtype=np.float32)[:, None]
-    frame[:, rows[:, None], cols[None, :]] = np.where(mask[None], colour[..., None], frame[:, rows[:, None], cols[None, :]])
+    frame[:, rows[:, None], cols[None, :]] = np.where(
+        mask[None], colour[..., None], frame[:, rows[:, None], cols[None, :]]
+    )
     return frame
 
 
@@ -105,18 +109,23 @@ def parse_prompt(text: str) -> Episode:
     """Parse ``"episode N: a1 a2 ..."``; raises ``ValueError`` naming the grammar for anything else."""
     match = _PROMPT.match(" ".join(text.split()))
     if match is None:
-        raise ValueError(f"not a GridWalk prompt: {text!r}; expected 'episode N: ' and actions among {', '.join(ACTIONS)}")
+        raise ValueError(
+            f"not a GridWalk prompt: {text!r}; expected 'episode N: ' and actions among {', '.join(ACTIONS)}"
+        )
     return Episode(int(match.group(1)), tuple(ACTIONS.index(a) for a in match.group(2).split()))
 
 
 def random_episodes(count: int, seed: int, *, first_episode: int = 0, length: int = CLIP_FRAMES) -> list[Episode]:
     """``count`` episodes with consecutive seeds from ``first_episode`` and uniformly random actions."""
     rng = np.random.default_rng([seed, 12])
-    return [Episode(first_episode + i, tuple(int(a) for a in rng.integers(len(ACTIONS), size=length)))
-            for i in range(count)]
+    return [
+        Episode(first_episode + i, tuple(int(a) for a in rng.integers(len(ACTIONS), size=length))) for i in range(count)
+    ]
 
 
-def transitions(count: int, rng: np.random.Generator, *, random_sprites: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def transitions(
+    count: int, rng: np.random.Generator, *, random_sprites: float = 0.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``count`` random real transitions: frames before ``[N, 3, H, W]``, after, and the actions ``[N]``.
 
     Each frame draws, with probability ``random_sprites``, the agent as a random blob around its true

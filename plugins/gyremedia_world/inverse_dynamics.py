@@ -29,9 +29,12 @@ class InverseDynamicsModel(nn.Module):
         self.config = {"width": width, "frame": frame}
         conv = dict(kernel_size=3, padding=1, padding_mode="circular")
         self.features = nn.Sequential(
-            nn.Conv2d(6, width, **conv), nn.GELU(),
-            nn.Conv2d(width, 2 * width, stride=2, **conv), nn.GELU(),
-            nn.Conv2d(2 * width, 2 * width, stride=2, **conv), nn.GELU(),
+            nn.Conv2d(6, width, **conv),
+            nn.GELU(),
+            nn.Conv2d(width, 2 * width, stride=2, **conv),
+            nn.GELU(),
+            nn.Conv2d(2 * width, 2 * width, stride=2, **conv),
+            nn.GELU(),
         )
         self.head = nn.Linear(2 * width * (frame // 4) ** 2, len(ACTIONS))
 
@@ -48,8 +51,10 @@ class InverseDynamicsModel(nn.Module):
     def load(cls, folder: str | Path) -> InverseDynamicsModel:
         folder = Path(folder)
         if not (folder / WEIGHTS).is_file():
-            raise FileNotFoundError(f"no inverse dynamics model in {str(folder)!r} (expected {WEIGHTS} and {CONFIG}); "
-                                    "`python -m gyremedia_world.pretrain` makes one")
+            raise FileNotFoundError(
+                f"no inverse dynamics model in {str(folder)!r} (expected {WEIGHTS} and {CONFIG}); "
+                "`python -m gyremedia_world.pretrain` makes one"
+            )
         model = cls(**json.loads((folder / CONFIG).read_text()))
         model.load_state_dict(load_file(str(folder / WEIGHTS)))
         return model.eval().requires_grad_(False)
@@ -63,7 +68,9 @@ def corrupt(frames: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return ((1 - blur) * frames + blur * smooth + noise).clamp(0, 1)
 
 
-def train_inverse_dynamics(steps: int, seed: int, batch: int = 128, random_sprites: float = 0.5) -> tuple[InverseDynamicsModel, float]:
+def train_inverse_dynamics(
+    steps: int, seed: int, batch: int = 128, random_sprites: float = 0.5
+) -> tuple[InverseDynamicsModel, float]:
     """Fit the model to real transitions (fresh ones every step), each frame drawing the agent as a random
     blob with probability ``random_sprites``; returns it and its last training loss."""
     torch.manual_seed(seed)

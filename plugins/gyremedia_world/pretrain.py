@@ -52,27 +52,36 @@ def evaluate(backbone: VideoWorldBackbone, rewards: dict, prompts: list[str], se
     return {k: nanmean(v) for k, v in score(rewards, media, prompts).items()}
 
 
-def pretrain(out: Path, steps: int, id_steps: int, seed: int, batch: int, lr: float, eval_every: int,
-             snapshots: Path | None) -> dict:
+def pretrain(
+    out: Path, steps: int, id_steps: int, seed: int, batch: int, lr: float, eval_every: int, snapshots: Path | None
+) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     inverse_dynamics, id_loss = train_inverse_dynamics(id_steps, seed)
     inverse_dynamics.save(out / "inverse_dynamics")
     id_real = accuracy_on_real(inverse_dynamics, 2048, seed)
     id_minutes = (time.time() - started) / 60
-    print(json.dumps({"inverse_dynamics": {"loss": id_loss, "real_accuracy": id_real, "minutes": id_minutes}}), flush=True)
+    print(
+        json.dumps({"inverse_dynamics": {"loss": id_loss, "real_accuracy": id_real, "minutes": id_minutes}}), flush=True
+    )
 
     train_prompts, heldout_prompts = write_prompt_files(out)
-    rewards = {"inverse_dynamics": InverseDynamicsReward(InverseDynamicsOptions(model=str(out / "inverse_dynamics"))),
-               "fidelity": FidelityReward(FidelityOptions())}
-    backbone = VideoWorldBackbone(VideoWorldOptions(tiny=TinyWorldOptions(seed=seed)), BuildContext(device=torch.device("cpu")))
+    rewards = {
+        "inverse_dynamics": InverseDynamicsReward(InverseDynamicsOptions(model=str(out / "inverse_dynamics"))),
+        "fidelity": FidelityReward(FidelityOptions()),
+    }
+    backbone = VideoWorldBackbone(
+        VideoWorldOptions(tiny=TinyWorldOptions(seed=seed)), BuildContext(device=torch.device("cpu"))
+    )
     model = backbone.transformer.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
     rng = np.random.default_rng([seed, 15])
     generator = torch.Generator().manual_seed(seed)
     history = []
     for step in tqdm(range(1, steps + 1), desc="world model", mininterval=10):
-        episodes = random_episodes(batch, seed=int(rng.integers(2**31)), first_episode=int(rng.integers(HELDOUT_SEED_OFFSET - batch)))
+        episodes = random_episodes(
+            batch, seed=int(rng.integers(2**31)), first_episode=int(rng.integers(HELDOUT_SEED_OFFSET - batch))
+        )
         conditions = backbone.encode([e.text for e in episodes])
         x0 = (torch.stack([torch.from_numpy(e.truth()) for e in episodes]) * 2 - 1).permute(0, 2, 1, 3, 4)
         t = torch.rand(batch, generator=generator)
@@ -84,9 +93,13 @@ def pretrain(out: Path, steps: int, id_steps: int, seed: int, batch: int, lr: fl
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if step % eval_every == 0 or step == steps:
-            record = {"step": step, "minutes": (time.time() - started) / 60, "loss": loss.item(),
-                      "heldout": evaluate(backbone, rewards, heldout_prompts),
-                      "train": evaluate(backbone, rewards, train_prompts[:len(heldout_prompts)])}
+            record = {
+                "step": step,
+                "minutes": (time.time() - started) / 60,
+                "loss": loss.item(),
+                "heldout": evaluate(backbone, rewards, heldout_prompts),
+                "train": evaluate(backbone, rewards, train_prompts[: len(heldout_prompts)]),
+            }
             history.append(record)
             print(json.dumps(record), flush=True)
             if snapshots is not None:
@@ -94,12 +107,17 @@ def pretrain(out: Path, steps: int, id_steps: int, seed: int, batch: int, lr: fl
     backbone.save_pretrained(out)
     summary = {
         "command": f"python -m gyremedia_world.pretrain --out {out} --steps {steps} --id-steps {id_steps} --seed {seed} "
-                   f"--batch {batch} --lr {lr}",
-        "seed": seed, "steps": steps, "minutes": (time.time() - started) / 60, "torch_threads": torch.get_num_threads(),
+        f"--batch {batch} --lr {lr}",
+        "seed": seed,
+        "steps": steps,
+        "minutes": (time.time() - started) / 60,
+        "torch_threads": torch.get_num_threads(),
         "inverse_dynamics": {"steps": id_steps, "loss": id_loss, "real_accuracy": id_real, "minutes": id_minutes},
         "parameters": sum(p.numel() for p in model.parameters()),
-        "final": history[-1], "history": history,
-        "train_prompts": len(train_prompts), "heldout_prompts": len(heldout_prompts),
+        "final": history[-1],
+        "history": history,
+        "train_prompts": len(train_prompts),
+        "heldout_prompts": len(heldout_prompts),
     }
     (out / "pretraining.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -107,7 +125,9 @@ def pretrain(out: Path, steps: int, id_steps: int, seed: int, batch: int, lr: fl
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="folder to write (the world model and the inverse dynamics model)")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder to write (the world model and the inverse dynamics model)"
+    )
     parser.add_argument("--steps", type=int, default=1500, help="world-model training steps")
     parser.add_argument("--id-steps", type=int, default=1500, help="inverse-dynamics training steps")
     parser.add_argument("--seed", type=int, default=0)
@@ -116,7 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--snapshots", type=Path, default=None, help="also save the model at every evaluation")
     args = parser.parse_args(argv)
-    summary = pretrain(args.out, args.steps, args.id_steps, args.seed, args.batch, args.lr, args.eval_every, args.snapshots)
+    summary = pretrain(
+        args.out, args.steps, args.id_steps, args.seed, args.batch, args.lr, args.eval_every, args.snapshots
+    )
     print(json.dumps(summary["final"], indent=2))
 
 

@@ -32,10 +32,14 @@ def _episodes(media: Media, prompts: list[str]) -> list[Episode]:
 
 @dataclass
 class InverseDynamicsOptions:
-    model: str | None = option(None, check=existing_folder("a folder written by `python -m gyremedia_world.pretrain`"),
-                               help="folder of an inverse dynamics model; None = the shipped assets/world16 one")
-    score: Literal["accuracy", "log_likelihood"] = option("accuracy", help="share of actions recovered, or mean "
-                                                                           "log p(action)")
+    model: str | None = option(
+        None,
+        check=existing_folder("a folder written by `python -m gyremedia_world.pretrain`"),
+        help="folder of an inverse dynamics model; None = the shipped assets/world16 one",
+    )
+    score: Literal["accuracy", "log_likelihood"] = option(
+        "accuracy", help="share of actions recovered, or mean log p(action)"
+    )
 
 
 class InverseDynamicsReward:
@@ -59,8 +63,11 @@ class InverseDynamicsReward:
         actions = torch.tensor([e.actions for e in episodes])
         accuracy = (logits.argmax(-1) == actions).float().mean(1)
         log_likelihood = logits.log_softmax(-1).gather(-1, actions[..., None])[..., 0].mean(1)
-        return {"score": accuracy if self.score == "accuracy" else log_likelihood,
-                "accuracy": accuracy, "log_likelihood": log_likelihood}
+        return {
+            "score": accuracy if self.score == "accuracy" else log_likelihood,
+            "accuracy": accuracy,
+            "log_likelihood": log_likelihood,
+        }
 
 
 @dataclass
@@ -79,7 +86,7 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 7, sigma: float = 1.5) -> torch.Tensor:
     """Structural similarity per frame of ``[N, C, H, W]`` images in [0, 1] (Gaussian window, Wang et al. 2004)."""
     coords = torch.arange(window, dtype=torch.float32) - window // 2
-    g = torch.exp(-coords**2 / (2 * sigma**2))
+    g = torch.exp(-(coords**2) / (2 * sigma**2))
     kernel = (g[:, None] * g[None, :] / g.sum() ** 2).expand(a.shape[1], 1, window, window)
 
     def blur(x: torch.Tensor) -> torch.Tensor:
@@ -106,6 +113,8 @@ class FidelityReward:
         video = media.data.detach().float().cpu()
         truth = torch.stack([torch.from_numpy(e.truth()) for e in episodes])
         batch = video.shape[0]
-        values = {"psnr": psnr(video.flatten(0, 1), truth.flatten(0, 1)).view(batch, -1).mean(1),
-                  "ssim": ssim(video.flatten(0, 1), truth.flatten(0, 1)).view(batch, -1).mean(1)}
+        values = {
+            "psnr": psnr(video.flatten(0, 1), truth.flatten(0, 1)).view(batch, -1).mean(1),
+            "ssim": ssim(video.flatten(0, 1), truth.flatten(0, 1)).view(batch, -1).mean(1),
+        }
         return {"score": values[self.score], **values}

@@ -11,15 +11,21 @@ from gyremedia.sampling import sample_trajectories
 from gyremedia_samplers.ode import EulerODESampler
 
 
-def ode_samples(backbone, prompts: list[str], seeds: list[int], num_steps: int, guidance_scale: float,
-                sampler=None) -> Media:
+def ode_samples(
+    backbone, prompts: list[str], seeds: list[int], num_steps: int, guidance_scale: float, sampler=None
+) -> Media:
     """What our Euler ODE sampler (or the deterministic ``sampler`` given) generates for ``prompts`` from the
     noise of ``seeds`` (the stock pipelines' default sampler, so the two compare)."""
     generators = [torch.Generator().manual_seed(s) for s in seeds]
-    states, _, _ = sample_trajectories(backbone, sampler or EulerODESampler(), backbone.encode(prompts),
-                                       initial_generators=generators,
-                                       step_generators=[torch.Generator().manual_seed(s) for s in seeds],  # unused: std 0
-                                       num_steps=num_steps, guidance_scale=guidance_scale)
+    states, _, _ = sample_trajectories(
+        backbone,
+        sampler or EulerODESampler(),
+        backbone.encode(prompts),
+        initial_generators=generators,
+        step_generators=[torch.Generator().manual_seed(s) for s in seeds],  # unused: std 0
+        num_steps=num_steps,
+        guidance_scale=guidance_scale,
+    )
     return backbone.decode(states[:, -1])
 
 
@@ -36,8 +42,9 @@ def check_adapters_switch_off(base, adapted, guidance_scale: float, prompts: lis
     assert (adapted.predict(x, sigma, conditions, guidance_scale) - expected).abs().max() > 1e-3
     with adapters_disabled(adapted.transformer):
         torch.testing.assert_close(adapted.predict(x, sigma, conditions, guidance_scale), expected, atol=1e-6, rtol=0)
-    torch.testing.assert_close(adapted.predict(x, sigma, conditions, guidance_scale, reference=True), expected,
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        adapted.predict(x, sigma, conditions, guidance_scale, reference=True), expected, atol=1e-6, rtol=0
+    )
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -20,8 +20,15 @@ from backbone_checks import ode_samples
 from gyremedia_samplers.ddim import DDIMEtaOptions, DDIMEtaSampler
 
 # backbone name -> the stock pipeline's output field
-ARCHITECTURES = {"flow_matching": "images", "flux": "images", "flux2": "images", "wan": "frames", "qwen_image": "images",
-                 "diffusion": "images", "diffusion_xl": "images"}
+ARCHITECTURES = {
+    "flow_matching": "images",
+    "flux": "images",
+    "flux2": "images",
+    "wan": "frames",
+    "qwen_image": "images",
+    "diffusion": "images",
+    "diffusion_xl": "images",
+}
 # backbone -> (stochastic sampler for GRPO, deterministic one for NFT and the comparison); default flow_sde, ode
 DDIM_SAMPLERS = ("{name: ddim_eta, eta: 1.0}", "{name: ddim_eta, eta: 0.0}")
 SAMPLERS = {"diffusion": DDIM_SAMPLERS, "diffusion_xl": DDIM_SAMPLERS}
@@ -59,15 +66,33 @@ assert not ours, f"the exported pipeline must load without gyremedia, but {ours}
 def ours(backbone) -> np.ndarray:
     """What our Euler ODE sampler (deterministic DDIM for a diffusion UNet) generates for PROMPTS with the
     noise of SEEDS."""
-    deterministic = DDIMEtaSampler(DDIMEtaOptions(eta=0.0)) if backbone.prediction == DDIMEtaSampler.prediction else None
+    deterministic = (
+        DDIMEtaSampler(DDIMEtaOptions(eta=0.0)) if backbone.prediction == DDIMEtaSampler.prediction else None
+    )
     return ode_samples(backbone, PROMPTS, SEEDS, STEPS, 1.0, sampler=deterministic).data.numpy()
 
 
 def stock(backbone, folder, field: str, out) -> np.ndarray:
     arguments = json.dumps(backbone.generation_arguments())
-    result = subprocess.run([sys.executable, "-c", GENERATE, backbone.pipeline_class, str(folder), field, str(out),
-                             json.dumps(PROMPTS), json.dumps(SEEDS), str(STEPS), arguments],
-                            capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            GENERATE,
+            backbone.pipeline_class,
+            str(folder),
+            field,
+            str(out),
+            json.dumps(PROMPTS),
+            json.dumps(SEEDS),
+            str(STEPS),
+            arguments,
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return np.load(out)
 

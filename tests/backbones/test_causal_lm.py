@@ -17,6 +17,7 @@ from gyremedia.interfaces import BuildContext, RolloutRequest
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
+
 def backbone(make_llm_config, *overrides: str):
     config = make_llm_config(*overrides)
     return PluginManager().build(config.backbone, BuildContext(device=torch.device("cpu")))
@@ -24,8 +25,9 @@ def backbone(make_llm_config, *overrides: str):
 
 def request(prompts: list[str], chunks: int = 1, step: int = 0) -> RolloutRequest:
     ids = torch.arange(len(prompts))
-    return RolloutRequest(step=step, seed=0, prompts=prompts, sample_ids=ids, group_ids=ids // 2, chunks=chunks,
-                          settings=None)
+    return RolloutRequest(
+        step=step, seed=0, prompts=prompts, sample_ids=ids, group_ids=ids // 2, chunks=chunks, settings=None
+    )
 
 
 PROMPTS = ["1+2=", "123+456=", "7+8=", "99+1=", "5+5=", "321+9="]  # left padding: prompts of 4 to 8 tokens
@@ -75,8 +77,13 @@ def test_the_first_update_is_on_policy_exactly_and_the_k3_kl_starts_at_zero(make
     metrics = Trainer(config, PluginManager()).train().last_metrics
     assert metrics["ratio"] == 1.0 and metrics["approx_kl"] == 0.0 and metrics["clip_fraction"] == 0.0
     assert metrics["token_kl/kl"] == 0.0 and metrics["grad_norm"] > 0
-    later = make_llm_config(f"backbone.lora.enabled={lora}", "objective.kl_beta=0.1", "train.steps=3",
-                            "train.num_iterations=2", f"run.output_dir={tmp_path}/later")
+    later = make_llm_config(
+        f"backbone.lora.enabled={lora}",
+        "objective.kl_beta=0.1",
+        "train.steps=3",
+        "train.num_iterations=2",
+        f"run.output_dir={tmp_path}/later",
+    )
     metrics = Trainer(later, PluginManager()).train().last_metrics
     assert metrics["token_kl/kl"] > 0  # the policy has moved away from the reference
 
@@ -102,8 +109,11 @@ def test_resume_reproduces_an_uninterrupted_run(llm_yaml, tmp_path):
     def steps(run):
         lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         # the first run's last step was evaluated too: compare what training measured
-        return [{k: v for k, v in m.items() if not k.startswith(("time/", "eval/", "monitor/"))} for m in lines
-                if "loss" in m]
+        return [
+            {k: v for k, v in m.items() if not k.startswith(("time/", "eval/", "monitor/"))}
+            for m in lines
+            if "loss" in m
+        ]
 
     assert steps(split) == steps(straight)
 
@@ -124,9 +134,12 @@ def test_export_loads_in_plain_transformers_and_decodes_the_same(make_llm_config
     out = tmp_path / "export"
     state.backbone.save_pretrained(out, merge_lora=merge)
     ours = state.backbone.generate(PROMPTS, seed=0).media.data
-    load = (f"model = AutoModelForCausalLM.from_pretrained({str(out)!r});" if merge else
-            "from peft import PeftModel;"
-            f"model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({str(config.backbone.options.pretrained)!r}), {str(out)!r});")
+    load = (
+        f"model = AutoModelForCausalLM.from_pretrained({str(out)!r});"
+        if merge
+        else "from peft import PeftModel;"
+        f"model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({str(config.backbone.options.pretrained)!r}), {str(out)!r});"
+    )
     script = (
         "import json, sys, torch; from transformers import AutoModelForCausalLM, AutoTokenizer;"
         f"tok = AutoTokenizer.from_pretrained({str(out)!r}); {load}"
@@ -143,10 +156,15 @@ def test_export_loads_in_plain_transformers_and_decodes_the_same(make_llm_config
 def test_a_token_policy_takes_no_sampler_and_only_token_objectives(make_llm_config):
     with pytest.raises(ConfigError, match="'sampler': backbone 'causal_lm' emits tokens and samples them itself"):
         make_llm_config("sampler.name=flow_sde")
-    with pytest.raises(ConfigError, match="objective 'grpo' trains denoising transitions, but backbone "
-                                          "'causal_lm' emits tokens: choose one of token_grpo"):
+    with pytest.raises(
+        ConfigError,
+        match="objective 'grpo' trains denoising transitions, but backbone "
+        "'causal_lm' emits tokens: choose one of token_grpo",
+    ):
         make_llm_config("objective={name: grpo}")
-    with pytest.raises(ConfigError, match="reward 'jpeg_compressibility' scores image/video, but backbone 'causal_lm' makes text"):
+    with pytest.raises(
+        ConfigError, match="reward 'jpeg_compressibility' scores image/video, but backbone 'causal_lm' makes text"
+    ):
         make_llm_config("rewards=[jpeg_compressibility]")
 
 
@@ -184,11 +202,22 @@ def wide_lm(tmp_path_factory):
     words = Tokenizer(WordLevel(vocabulary, unk_token="<unk>"))
     words.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     words.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                                        padding_side="left")
-    config = LlamaConfig(vocab_size=4096, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0,
-                         bos_token_id=None, eos_token_id=1, tie_word_embeddings=True)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=words, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
+    )
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=1,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("wide_lm")
     LlamaForCausalLM(config).save_pretrained(folder)
@@ -217,8 +246,14 @@ def test_no_tensor_spans_the_completion_and_the_vocabulary_at_once(make_llm_conf
             return out
 
     monkeypatch.setattr(causal_lm, "LOGITS_PER_CHUNK", 2**15, raising=False)  # 8 rows x 1 position x 4,096 tokens
-    config = make_llm_config(f"backbone.pretrained={wide_lm}", "backbone.max_new_tokens=32", "rollout.batch_size=8",
-                             "rollout.group_size=4", "objective.kl_beta=0.04", "eval.every=0")
+    config = make_llm_config(
+        f"backbone.pretrained={wide_lm}",
+        "backbone.max_new_tokens=32",
+        "rollout.batch_size=8",
+        "rollout.group_size=4",
+        "objective.kl_beta=0.04",
+        "eval.every=0",
+    )
     trainer = Trainer(config, PluginManager())
     trainer.setup()
     with Largest() as largest:
@@ -252,8 +287,9 @@ def test_a_chat_template_that_writes_the_bos_gets_one_bos(make_llm_config, wide_
 def test_stop_strings_are_looked_for_in_the_newest_tokens_only(make_llm_config, wide_lm):
     """Each step decodes only the tokens that could spell the longest stop string, not every completion whole
     (which made a 1,024-token rollout decode half a million tokens per row); completions end where they did."""
-    policy = backbone(make_llm_config, f"backbone.pretrained={wide_lm}", "backbone.max_new_tokens=48",
-                      "backbone.stop=['w4000', '=w']")
+    policy = backbone(
+        make_llm_config, f"backbone.pretrained={wide_lm}", "backbone.max_new_tokens=48", "backbone.stop=['w4000', '=w']"
+    )
     widths, decode = [], policy.tokenizer.batch_decode
 
     def recording(ids, **kwargs):
@@ -286,8 +322,13 @@ def test_the_replay_takes_log_probs_under_the_filter_the_rollout_sampled_with(ma
 def test_a_filtered_policy_trains_with_finite_losses(make_llm_config):
     """Two passes over each rollout under top-p: after the first update a sampled token may leave the nucleus (its
     log-prob -inf); the bounded log ratio keeps the loss and the gradient finite (train.on_nonfinite stops else)."""
-    config = make_llm_config("backbone.top_p=0.6", "train.num_iterations=2", "train.learning_rate=0.05",
-                             "objective.kl_beta=0.04", "train.steps=3")
+    config = make_llm_config(
+        "backbone.top_p=0.6",
+        "train.num_iterations=2",
+        "train.learning_rate=0.05",
+        "objective.kl_beta=0.04",
+        "train.steps=3",
+    )
     state = Trainer(config, PluginManager()).train()
     assert state.step == 3 and math.isfinite(state.last_metrics["loss"])
 
@@ -328,8 +369,9 @@ def test_sampled_tokens_follow_the_distribution_and_skip_filtered_ones():
     torch.testing.assert_close(log_probs, expected.log()[tokens])
 
 
-def test_a_shared_prompt_is_read_once_and_gives_the_whole_sequences_log_probs_and_gradients(make_llm_config,
-                                                                                           monkeypatch):
+def test_a_shared_prompt_is_read_once_and_gives_the_whole_sequences_log_probs_and_gradients(
+    make_llm_config, monkeypatch
+):
     """Rows of a group continue from their prompt's cache in the replay: the same log-probs and gradients as the
     whole sequences, with the model run over each distinct prompt once."""
     policy = backbone(make_llm_config)
@@ -344,8 +386,9 @@ def test_a_shared_prompt_is_read_once_and_gives_the_whole_sequences_log_probs_an
         return log_probs.detach(), [p.grad.clone() for p in model.parameters()]
 
     rows_read = []
-    model.register_forward_pre_hook(lambda module, args, kwargs: rows_read.append(kwargs["input_ids"].shape),
-                                    with_kwargs=True)
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: rows_read.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
     shared, shared_grads = replay()
     assert rows_read[0][0] == 3  # the prompts, once each, then the completions of all 12 rows
     monkeypatch.setattr(policy.options, "gradient_checkpointing", True)  # the whole sequences (no cache)

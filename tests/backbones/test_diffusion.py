@@ -48,9 +48,14 @@ def ours(backbone: DiffusionBackbone, num_steps: int, guidance_scale: float) -> 
 
 def stock(backbone: DiffusionBackbone, num_steps: int, guidance_scale: float) -> torch.Tensor:
     """The stock pipeline's own call, drawing its noise from the same generators."""
-    return backbone.pipeline(PROMPTS, num_inference_steps=num_steps, guidance_scale=guidance_scale,
-                             generator=[torch.Generator().manual_seed(s) for s in SEEDS], output_type="pt",
-                             **backbone.generation_arguments()).images
+    return backbone.pipeline(
+        PROMPTS,
+        num_inference_steps=num_steps,
+        guidance_scale=guidance_scale,
+        generator=[torch.Generator().manual_seed(s) for s in SEEDS],
+        output_type="pt",
+        **backbone.generation_arguments(),
+    ).images
 
 
 # (backbone, tiny pipeline): SD 1.x/2.x with either parameterisation, a zero-terminal-SNR schedule, and SDXL
@@ -92,7 +97,9 @@ def test_sigmas_and_timesteps_are_the_schedulers():
     for num_steps in (1, 4, 10):
         sigmas = backbone.sigmas(num_steps)
         scheduler.set_timesteps(num_steps)
-        alpha_bars = torch.cat([scheduler.alphas_cumprod[scheduler.timesteps], scheduler.final_alpha_cumprod.reshape(1)])
+        alpha_bars = torch.cat(
+            [scheduler.alphas_cumprod[scheduler.timesteps], scheduler.final_alpha_cumprod.reshape(1)]
+        )
         assert torch.equal(sigmas, (1 - alpha_bars).sqrt())
         assert (sigmas[:-1] < 1).all() and torch.all(sigmas[1:] < sigmas[:-1])  # decreasing, never pure noise
         # the UNet sees exactly the pipeline's integer timesteps at these levels
@@ -162,19 +169,36 @@ def test_flow_velocity_of_an_exact_unet_is_the_flow_target(prediction):
     # the fractional timestep sits at the state's level in the scheduler's table
     torch.testing.assert_close(backbone._timestep_sigmas[seen["timestep"].round().long()], sigma, atol=2e-3, rtol=0)
     # and predict() gives the sampler diffusers' v on VP states, from either parameterisation
-    torch.testing.assert_close(backbone.predict(seen["sample"], sigma, backbone.encode(PROMPTS[:1] * 3)),
-                               alpha * eps - sigma.view(-1, 1, 1, 1) * x0, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        backbone.predict(seen["sample"], sigma, backbone.encode(PROMPTS[:1] * 3)),
+        alpha * eps - sigma.view(-1, 1, 1, 1) * x0,
+        atol=1e-5,
+        rtol=0,
+    )
 
 
 def rollout_of(backbone, sampler, steps: int = 4, guidance_scale: float = 1.0) -> Rollout:
     conditions = backbone.encode(PROMPTS * 2)
     ids = list(range(4))
     states, log_probs, sigmas = sample_trajectories(
-        backbone, sampler, conditions, initial_generators=sample_generators(0, 0, 0, ids),
-        step_generators=sample_generators(0, 0, 1, ids), num_steps=steps, guidance_scale=guidance_scale)
-    return Rollout(prompts=PROMPTS * 2, sample_ids=torch.arange(4), group_ids=torch.tensor([0, 1, 0, 1]),
-                   conditions=conditions, states=states, log_probs=log_probs, sigmas=sigmas,
-                   advantages=torch.tensor([1.0, -1.0, -1.0, 1.0]))
+        backbone,
+        sampler,
+        conditions,
+        initial_generators=sample_generators(0, 0, 0, ids),
+        step_generators=sample_generators(0, 0, 1, ids),
+        num_steps=steps,
+        guidance_scale=guidance_scale,
+    )
+    return Rollout(
+        prompts=PROMPTS * 2,
+        sample_ids=torch.arange(4),
+        group_ids=torch.tensor([0, 1, 0, 1]),
+        conditions=conditions,
+        states=states,
+        log_probs=log_probs,
+        sigmas=sigmas,
+        advantages=torch.tensor([1.0, -1.0, -1.0, 1.0]),
+    )
 
 
 @pytest.mark.parametrize("name,tiny", VARIANTS)
@@ -206,7 +230,9 @@ def test_default_lora_targets_wrap_the_unets_attention_and_switch_off_to_the_bas
     leaves = {n.rsplit(".", 2)[-1] if n.endswith("to_out.0") else n.rsplit(".", 1)[-1] for n in wrapped}
     assert {n.split(".attn")[-1] for n in wrapped} and leaves == {"to_q", "to_k", "to_v", "0"}
     # down, mid and up blocks: self- and cross-attention (attn1, attn2), 4 projections each
-    assert len(wrapped) == 8 * sum(1 for n, _ in backbone.transformer.named_modules() if n.endswith("transformer_blocks.0"))
+    assert len(wrapped) == 8 * sum(
+        1 for n, _ in backbone.transformer.named_modules() if n.endswith("transformer_blocks.0")
+    )
     assert all(p.requires_grad == ("lora_" in n) for n, p in backbone.transformer.named_parameters())
     check_adapters_switch_off(base, backbone, 4.0, PROMPTS, SEEDS)
 
@@ -238,10 +264,26 @@ assert not ours, f"the exported pipeline must load without gyremedia, but {ours}
 
 
 def stock_in_fresh_process(backbone, folder: Path, lora: Path | None, out: Path, steps: int, guidance: float):
-    result = subprocess.run([sys.executable, "-c", GENERATE, str(folder), str(lora or ""), str(out),
-                             json.dumps(PROMPTS), json.dumps(SEEDS), str(steps), str(guidance),
-                             json.dumps(backbone.generation_arguments()), backbone.pipeline_class],
-                            capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            GENERATE,
+            str(folder),
+            str(lora or ""),
+            str(out),
+            json.dumps(PROMPTS),
+            json.dumps(SEEDS),
+            str(steps),
+            str(guidance),
+            json.dumps(backbone.generation_arguments()),
+            backbone.pipeline_class,
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return np.load(out)
 
@@ -274,9 +316,16 @@ def test_exports_merged_and_lora_alone_round_trip_through_stock_diffusers(tmp_pa
 def test_the_config_pairs_the_diffusion_backbone_with_vp_samplers(make_config):
     from gyremedia.config import ConfigError
 
-    with pytest.raises(ConfigError, match="sampler 'flow_sde' steps on velocity predictions, but backbone "
-                                          "'diffusion' predicts v_prediction: choose one of ddim_eta"):
+    with pytest.raises(
+        ConfigError,
+        match="sampler 'flow_sde' steps on velocity predictions, but backbone "
+        "'diffusion' predicts v_prediction: choose one of ddim_eta",
+    ):
         make_config("backbone={name: diffusion}", "sampler={name: flow_sde}")
-    config = make_config("backbone={name: diffusion}", "sampler={name: ddim_eta}", "objective={name: nft}",
-                         "eval.sampler={name: ddim_eta, eta: 0.0}")
+    config = make_config(
+        "backbone={name: diffusion}",
+        "sampler={name: ddim_eta}",
+        "objective={name: nft}",
+        "eval.sampler={name: ddim_eta, eta: 0.0}",
+    )
     assert config.backbone.name == "diffusion" and config.sampler.name == "ddim_eta"

@@ -17,10 +17,13 @@ PROMPTS, SEEDS = ["a red circle", "a blue square"], [0, 1]
 
 
 def build(**overrides) -> FlowMatchingBackbone:
-    options = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FlowMatchingOptions),
-                                                  {"max_sequence_length": 1, **overrides}))
+    options = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(FlowMatchingOptions), {"max_sequence_length": 1, **overrides})
+    )
     assert validate(options) == []
-    return PluginManager().component("backbone", "flow_matching").build(options, BuildContext(device=torch.device("cpu")))
+    return (
+        PluginManager().component("backbone", "flow_matching").build(options, BuildContext(device=torch.device("cpu")))
+    )
 
 
 def test_a_chosen_size_samples_as_the_stock_pipeline_does():
@@ -28,9 +31,14 @@ def test_a_chosen_size_samples_as_the_stock_pipeline_does():
     assert default.height == default.width == 16  # the tiny transformer's sample size x the VAE factor
     assert backbone.state_shape()[1:] == (4, 8) and backbone.generation_arguments()["height"] == 8
     ours = ode_samples(backbone, PROMPTS, SEEDS, 3, 2.0).data
-    stock = backbone.pipeline(PROMPTS, num_inference_steps=3, guidance_scale=2.0, output_type="pt",
-                              generator=[torch.Generator().manual_seed(s) for s in SEEDS],
-                              **backbone.generation_arguments()).images
+    stock = backbone.pipeline(
+        PROMPTS,
+        num_inference_steps=3,
+        guidance_scale=2.0,
+        output_type="pt",
+        generator=[torch.Generator().manual_seed(s) for s in SEEDS],
+        **backbone.generation_arguments(),
+    ).images
     assert ours.shape == (2, 3, 8, 16) and torch.allclose(ours, stock, atol=1e-5)
 
 

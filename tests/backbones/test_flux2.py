@@ -24,8 +24,11 @@ TEXT = {"klein-base": 32, "klein": 32, "dev": 64}
 
 def build(variant: str = "klein-base", **overrides) -> Flux2Backbone:
     """The backbone from options merged as a run's config merges them (so the defaults are the schema's)."""
-    overrides = {"max_sequence_length": TEXT[variant], **overrides, "tiny": {"variant": variant,
-                                                                            **overrides.get("tiny", {})}}
+    overrides = {
+        "max_sequence_length": TEXT[variant],
+        **overrides,
+        "tiny": {"variant": variant, **overrides.get("tiny", {})},
+    }
     options = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Flux2Options), overrides))
     assert validate(options) == []
     return Flux2Backbone(options, BuildContext(device=torch.device("cpu")))
@@ -38,20 +41,28 @@ def ours(backbone: Flux2Backbone, num_steps: int, guidance_scale: float) -> torc
 def stock(backbone: Flux2Backbone, num_steps: int, guidance_scale: float) -> torch.Tensor:
     """The stock pipeline's own call, drawing its noise from the same generators (its first parameter is a
     conditioning image: the prompt goes by name)."""
-    return backbone.pipeline(prompt=PROMPTS, num_inference_steps=num_steps, guidance_scale=guidance_scale,
-                             generator=[torch.Generator().manual_seed(s) for s in SEEDS], output_type="pt",
-                             **backbone.generation_arguments()).images
+    return backbone.pipeline(
+        prompt=PROMPTS,
+        num_inference_steps=num_steps,
+        guidance_scale=guidance_scale,
+        generator=[torch.Generator().manual_seed(s) for s in SEEDS],
+        output_type="pt",
+        **backbone.generation_arguments(),
+    ).images
 
 
-@pytest.mark.parametrize("variant, overrides, guidance_scale", [
-    ("klein-base", {}, 1.0),  # no guidance: one forward
-    ("klein-base", {}, 4.0),  # classifier-free guidance against "" (the pipeline's default scale)
-    ("klein-base", {"max_sequence_length": 256}, 4.0),  # the options' default text length works too
-    ("klein", {}, 4.0),  # step-distilled: the scale is ignored
-    ("dev", {}, 1.0),  # embedded guidance 1: weak, still one forward
-    ("dev", {}, 4.0),  # FLUX.2 [dev]'s usual embedded guidance
-], ids=["klein-base-1", "klein-base-cfg-4", "klein-base-default-text-length", "klein-distilled-4", "dev-1",
-        "dev-4"])
+@pytest.mark.parametrize(
+    "variant, overrides, guidance_scale",
+    [
+        ("klein-base", {}, 1.0),  # no guidance: one forward
+        ("klein-base", {}, 4.0),  # classifier-free guidance against "" (the pipeline's default scale)
+        ("klein-base", {"max_sequence_length": 256}, 4.0),  # the options' default text length works too
+        ("klein", {}, 4.0),  # step-distilled: the scale is ignored
+        ("dev", {}, 1.0),  # embedded guidance 1: weak, still one forward
+        ("dev", {}, 4.0),  # FLUX.2 [dev]'s usual embedded guidance
+    ],
+    ids=["klein-base-1", "klein-base-cfg-4", "klein-base-default-text-length", "klein-distilled-4", "dev-1", "dev-4"],
+)
 def test_our_ode_equals_the_stock_pipeline(variant, overrides, guidance_scale):
     backbone = build(variant, **overrides)
     expected = stock(backbone, 4, guidance_scale)
@@ -63,8 +74,9 @@ def test_our_ode_equals_the_stock_pipeline(variant, overrides, guidance_scale):
 def test_sigmas_are_the_pipelines(variant):
     backbone = build(variant)
     # mu = compute_empirical_mu(16 tokens, 4 steps) = 2.0349...: FLUX.2's shift grows with the step count
-    torch.testing.assert_close(backbone.sigmas(4), torch.tensor([1.0, 0.954515, 0.874924, 0.699854, 0.0]),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        backbone.sigmas(4), torch.tensor([1.0, 0.954515, 0.874924, 0.699854, 0.0]), atol=1e-6, rtol=0
+    )
     for num_steps in (1, 4, 7):
         stock(backbone, num_steps, 1.0)
         assert torch.equal(backbone.sigmas(num_steps), backbone.pipeline.scheduler.sigmas.float())
@@ -126,10 +138,12 @@ def test_adapters_saved_alone_load_into_the_stock_pipeline(tmp_path):
     x = backbone.sample_noise([torch.Generator().manual_seed(s) for s in SEEDS])
     conditions, sigma = backbone.encode(PROMPTS), torch.tensor(0.6)
     with torch.no_grad():
-        loaded = pipeline.transformer(**backbone.transformer_inputs(x, sigma.expand(2), conditions, 4.0),
-                                      return_dict=False)[0]
-    torch.testing.assert_close(backbone.velocity(loaded, x), backbone.predict(x, sigma, conditions, 4.0),
-                               atol=1e-5, rtol=0)
+        loaded = pipeline.transformer(
+            **backbone.transformer_inputs(x, sigma.expand(2), conditions, 4.0), return_dict=False
+        )[0]
+    torch.testing.assert_close(
+        backbone.velocity(loaded, x), backbone.predict(x, sigma, conditions, 4.0), atol=1e-5, rtol=0
+    )
 
 
 @pytest.mark.parametrize("variant, pipeline_class", [("klein", "Flux2KleinPipeline"), ("dev", "Flux2Pipeline")])
@@ -138,8 +152,11 @@ def test_a_saved_pipeline_loads_back_as_its_class_with_its_size(tmp_path, varian
     backbone.save_pretrained(tmp_path)
     # the class comes from the folder's model_index.json, whatever the (tiny) variant option says
     loaded = build("klein-base", pretrained=str(tmp_path), max_sequence_length=TEXT[variant])
-    assert loaded.pipeline_class == pipeline_class == json.loads((tmp_path / "model_index.json").read_text())[
-        "_class_name"]
+    assert (
+        loaded.pipeline_class
+        == pipeline_class
+        == json.loads((tmp_path / "model_index.json").read_text())["_class_name"]
+    )
     assert loaded.distilled == backbone.distilled and loaded.generation_arguments() == backbone.generation_arguments()
     readme = (tmp_path / "README.md").read_text()
     assert f'pipe(prompt="a prompt", height=16, width=16, max_sequence_length={TEXT[variant]})' in readme
@@ -152,7 +169,8 @@ def test_bad_options_are_refused(tmp_path):
     options = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Flux2Options), {"negative_prompt": "ugly"}))
     assert validate(options) == [f"negative_prompt='ugly': {flux2.NO_NEGATIVE_PROMPT}"]
     assert validate(TinyFlux2Options(attention_head_dim=8)) == [
-        "axes_dims_rope=[4, 4, 4, 4]: must sum to attention_head_dim=8"]
+        "axes_dims_rope=[4, 4, 4, 4]: must sum to attention_head_dim=8"
+    ]
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
     with pytest.raises(OptionError, match="holds a FluxPipeline"):
         flux2.folder_pipeline_class(str(tmp_path))

@@ -9,8 +9,12 @@ import pytest
 import torch
 
 from gyremedia.backbones import qwen_image
-from gyremedia.backbones.qwen_image import (LORA_TARGETS, TinyQwenImageOptions, build_qwen2_tokenizer,
-                                            build_tiny_qwen_image_pipeline)
+from gyremedia.backbones.qwen_image import (
+    LORA_TARGETS,
+    TinyQwenImageOptions,
+    build_qwen2_tokenizer,
+    build_tiny_qwen_image_pipeline,
+)
 from gyremedia.backbones.transformer_policy import adapters_disabled
 from gyremedia.interfaces import BuildContext
 from gyremedia.plugins import PluginManager
@@ -44,23 +48,40 @@ def generators() -> list[torch.Generator]:
     return [torch.Generator().manual_seed(s) for s in SEEDS]
 
 
-@pytest.mark.parametrize("guidance_scale, overrides, lengths", [
-    (1.0, [], [8, 12]),  # each prompt's own tokens and the template's last 5, padded to tiny.max_sequence_length 16
-    (4.0, ["backbone.height=16", "backbone.width=24", "backbone.max_sequence_length=10"], [8, 10]),  # one cut
-], ids=["no-guidance", "true-cfg-non-square-truncated"])
+@pytest.mark.parametrize(
+    "guidance_scale, overrides, lengths",
+    [
+        (1.0, [], [8, 12]),  # each prompt's own tokens and the template's last 5, padded to tiny.max_sequence_length 16
+        (4.0, ["backbone.height=16", "backbone.width=24", "backbone.max_sequence_length=10"], [8, 10]),  # one cut
+    ],
+    ids=["no-guidance", "true-cfg-non-square-truncated"],
+)
 def test_our_ode_samples_equal_the_stock_pipelines(build, guidance_scale, overrides, lengths):
     backbone = build(*overrides)
     conditions = backbone.encode(PROMPTS)
     assert conditions["prompt_embeds"].shape == (2, backbone.max_sequence_length, 16)
     assert conditions["prompt_embeds_mask"].sum(-1).tolist() == lengths
-    states, _, _ = sample_trajectories(backbone, EulerODESampler(), conditions, initial_generators=generators(),
-                                       step_generators=[], num_steps=3, guidance_scale=guidance_scale)
+    states, _, _ = sample_trajectories(
+        backbone,
+        EulerODESampler(),
+        conditions,
+        initial_generators=generators(),
+        step_generators=[],
+        num_steps=3,
+        guidance_scale=guidance_scale,
+    )
     ours = backbone.decode(states[:, -1]).data
 
     # the stock call: the same noise from the same generators; true CFG is its true_cfg_scale with a negative prompt
-    stock = backbone.pipeline(PROMPTS, negative_prompt=[backbone.options.negative_prompt] * 2,
-                              true_cfg_scale=guidance_scale, num_inference_steps=3, generator=generators(),
-                              output_type="pt", **backbone.generation_arguments()).images
+    stock = backbone.pipeline(
+        PROMPTS,
+        negative_prompt=[backbone.options.negative_prompt] * 2,
+        true_cfg_scale=guidance_scale,
+        num_inference_steps=3,
+        generator=generators(),
+        output_type="pt",
+        **backbone.generation_arguments(),
+    ).images
     assert ours.shape == stock.shape == (2, 3, 16, 24 if overrides else 16)
     torch.testing.assert_close(ours, stock, atol=2e-4, rtol=0)
 
@@ -68,13 +89,19 @@ def test_our_ode_samples_equal_the_stock_pipelines(build, guidance_scale, overri
 def test_sigmas_are_the_stock_pipelines_dynamically_shifted_schedule(build):
     for overrides, steps in (([], 4), (["backbone.height=32", "backbone.width=64"], 7)):
         backbone = build(*overrides)
-        backbone.pipeline(PROMPTS[:1], true_cfg_scale=1.0, num_inference_steps=steps, output_type="latent",
-                          **backbone.generation_arguments())
+        backbone.pipeline(
+            PROMPTS[:1],
+            true_cfg_scale=1.0,
+            num_inference_steps=steps,
+            output_type="latent",
+            **backbone.generation_arguments(),
+        )
         assert backbone.sigmas(steps).shape == (steps + 1,)
         torch.testing.assert_close(backbone.sigmas(steps), backbone.pipeline.scheduler.sigmas.float(), atol=0, rtol=0)
         if not overrides:  # mu = 0.4879 for 16 image tokens; the last sigma is stretched to shift_terminal 0.02
-            torch.testing.assert_close(backbone.sigmas(4), torch.tensor([1.0, 0.743131, 0.424813, 0.02, 0.0]),
-                                       atol=1e-6, rtol=0)
+            torch.testing.assert_close(
+                backbone.sigmas(4), torch.tensor([1.0, 0.743131, 0.424813, 0.02, 0.0]), atol=1e-6, rtol=0
+            )
 
 
 def test_lora_defaults_wrap_both_streams_attention_and_feed_forward(build):
@@ -130,4 +157,7 @@ def test_build_is_deterministic_per_seed_and_in_eval_mode():
         first = [next(getattr(p, name).parameters()) for p in (a, b, c)]
         assert torch.equal(first[0], first[1]) and not torch.equal(first[0], first[2]), name
         assert not any(m.training for m in getattr(a, name).modules()), name
-    assert sum(p.numel() for p in build_tiny_qwen_image_pipeline(TinyQwenImageOptions()).transformer.parameters()) < 300_000
+    assert (
+        sum(p.numel() for p in build_tiny_qwen_image_pipeline(TinyQwenImageOptions()).transformer.parameters())
+        < 300_000
+    )

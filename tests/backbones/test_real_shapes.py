@@ -16,8 +16,9 @@ import real_shapes  # noqa: E402
 
 @pytest.mark.slow
 def test_a_step_at_sd35s_real_resolution_grows_no_faster_than_its_image_tokens():
-    small, large = (real_shapes.run_one(run, threads=2) for run in (real_shapes.sd35(512, "image tokens"),
-                                                                      real_shapes.sd35(1024)))
+    small, large = (
+        real_shapes.run_one(run, threads=2) for run in (real_shapes.sd35(512, "image tokens"), real_shapes.sd35(1024))
+    )
     assert large["run"]["sizes"]["image tokens"] == 4096
     for phase in ("rollout", "decode", "update", "step"):
         assert real_shapes.exponent(small, large, "image tokens", phase) < 1.1, phase

@@ -18,7 +18,9 @@ def test_every_listed_word_is_one_token_and_others_still_encode():
 
 
 def test_build_is_deterministic_per_seed():
-    small = dict(latent_size=4, vae_channels=[8], num_layers=1, attention_head_dim=8, text_hidden_size=16, text_layers=1)
+    small = dict(
+        latent_size=4, vae_channels=[8], num_layers=1, attention_head_dim=8, text_hidden_size=16, text_layers=1
+    )
     a = build_tiny_sd3_pipeline(TinySD3Options(**small, seed=3))
     b = build_tiny_sd3_pipeline(TinySD3Options(**small, seed=3))
     c = build_tiny_sd3_pipeline(TinySD3Options(**small, seed=4))

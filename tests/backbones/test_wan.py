@@ -38,9 +38,14 @@ def ours(backbone: wan.WanBackbone, guidance_scale: float, num_steps: int = 4):
 
 def stock(backbone: wan.WanBackbone, guidance_scale: float, num_steps: int = 4) -> torch.Tensor:
     """The stock pipeline's own call with the same seeds and the arguments the backbone says it trains with."""
-    return backbone.pipeline(PROMPTS, num_inference_steps=num_steps, guidance_scale=guidance_scale,
-                             generator=[torch.Generator().manual_seed(s) for s in SEEDS], output_type="pt",
-                             **backbone.generation_arguments()).frames
+    return backbone.pipeline(
+        PROMPTS,
+        num_inference_steps=num_steps,
+        guidance_scale=guidance_scale,
+        generator=[torch.Generator().manual_seed(s) for s in SEEDS],
+        output_type="pt",
+        **backbone.generation_arguments(),
+    ).frames
 
 
 @pytest.mark.parametrize("guidance_scale", [1.0, 5.0], ids=["no-guidance", "cfg"])
@@ -112,8 +117,9 @@ def unipc_folder(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("wan-unipc")
     pipeline = wan.build_tiny_wan_pipeline(wan.TinyWanOptions())
-    pipeline.scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
-                                                 flow_shift=5.0, num_train_timesteps=1000)
+    pipeline.scheduler = UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0, num_train_timesteps=1000
+    )
     pipeline.save_pretrained(folder)
     return folder
 

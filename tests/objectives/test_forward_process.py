@@ -34,16 +34,16 @@ def test_nft_with_r_one_and_beta_one_is_weighted_flow_matching():
     weight = error.detach().abs().mean(dim=(1, 2))
     expected = 5.0 * (error**2).mean(dim=(1, 2)) / weight
     torch.testing.assert_close(loss, expected)
-    grad, = torch.autograd.grad(loss.sum(), v)
-    expected_grad, = torch.autograd.grad(expected.sum(), v)
+    (grad,) = torch.autograd.grad(loss.sum(), v)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), v)
     torch.testing.assert_close(grad, expected_grad)
 
 
 def test_nft_at_the_old_policy_pushes_by_the_advantage_sign():
     x0, eps, t, xt, v = toy(1)
-    fm_grad, = torch.autograd.grad((((xt - t * v) - x0) ** 2).sum(), v)
+    (fm_grad,) = torch.autograd.grad((((xt - t * v) - x0) ** 2).sum(), v)
     for r, sign in ((0.5, 0.0), (0.9, 1.0), (0.1, -1.0)):
-        grad, = torch.autograd.grad(nft_loss(v, v.detach(), xt, x0, t, torch.full((4,), r), 1.0, 5.0).sum(), v)
+        (grad,) = torch.autograd.grad(nft_loss(v, v.detach(), xt, x0, t, torch.full((4,), r), 1.0, 5.0).sum(), v)
         if sign == 0:
             assert grad.abs().max() < 1e-6  # a sample as good as its group: no push
         else:  # better than the group: along each sample's flow-matching gradient; worse: against it
@@ -58,11 +58,11 @@ def test_awm_on_policy_gradient_is_the_advantage_weighted_flow_matching_gradient
     log_p = -error  # the uniform weighting's surrogate
     loss = awm_loss(log_p, log_p.detach(), advantages, clip_range=0.0)
     torch.testing.assert_close(loss, -advantages)  # ratio exactly 1 on-policy
-    grad, = torch.autograd.grad(loss.sum(), v, retain_graph=True)
-    expected, = torch.autograd.grad((advantages * error).sum(), v, retain_graph=True)
+    (grad,) = torch.autograd.grad(loss.sum(), v, retain_graph=True)
+    (expected,) = torch.autograd.grad((advantages * error).sum(), v, retain_graph=True)
     torch.testing.assert_close(grad, expected)
     # with A = 1 it is exactly the flow-matching gradient
-    grad, = torch.autograd.grad(awm_loss(log_p, log_p.detach(), torch.ones(4), 0.0).sum(), v, retain_graph=True)
+    (grad,) = torch.autograd.grad(awm_loss(log_p, log_p.detach(), torch.ones(4), 0.0).sum(), v, retain_graph=True)
     torch.testing.assert_close(grad, torch.autograd.grad(error.sum(), v)[0])
 
 
@@ -103,8 +103,9 @@ def test_trains_with_the_ode_sampler_and_on_policy_ratio_is_one(make_config, obj
 
 
 @pytest.mark.parametrize("objective", ["nft", "awm"])
-def test_an_old_policy_equal_to_the_trained_one_costs_no_forward_and_changes_no_number(make_config, tmp_path, monkeypatch,
-                                                                                        objective):
+def test_an_old_policy_equal_to_the_trained_one_costs_no_forward_and_changes_no_number(
+    make_config, tmp_path, monkeypatch, objective
+):
     """Decay 0 and one update per rollout: the old prediction is the policy's own (detached). Forcing the
     old weights' own forward gives the same run, with one more forward per micro-step."""
     from gyremedia.objectives.forward_process import ForwardProcessObjective
@@ -113,8 +114,15 @@ def test_an_old_policy_equal_to_the_trained_one_costs_no_forward_and_changes_no_
     for shortcut in (True, False):
         if not shortcut:
             monkeypatch.setattr(ForwardProcessObjective, "old_is_current", lambda self, ctx: False)
-        trainer = Trainer(make_config(f"objective={{name: {objective}}}", "sampler={name: ode}", "train.steps=2",
-                                      f"run.output_dir={tmp_path / str(shortcut)}"), PluginManager())
+        trainer = Trainer(
+            make_config(
+                f"objective={{name: {objective}}}",
+                "sampler={name: ode}",
+                "train.steps=2",
+                f"run.output_dir={tmp_path / str(shortcut)}",
+            ),
+            PluginManager(),
+        )
         state = trainer.setup()
         module, forwards = state.backbone.trainable_module(), []
         module.register_forward_pre_hook(lambda *_: forwards.append(1))
@@ -168,7 +176,7 @@ def test_pairwise_pulls_toward_the_better_sample_and_skips_ties():
     log_p = torch.tensor([0.0, -1.0, -2.0, 0.0, 0.0, 0.0], requires_grad=True)
     loss = pairwise_loss(log_p, log_p.detach(), winners, losers, beta=10.0)
     torch.testing.assert_close(loss, torch.tensor([math.log(2.0)]))  # on-policy: log 2
-    grad, = torch.autograd.grad(loss.sum(), log_p)
+    (grad,) = torch.autograd.grad(loss.sum(), log_p)
     assert grad[2] < 0 < grad[1] and grad[[0, 3, 4, 5]].abs().sum() == 0  # raise the winner, lower the loser
 
 

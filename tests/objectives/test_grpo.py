@@ -35,9 +35,16 @@ def make_rollout(backbone, sampler, advantages):
             states.append(x)
             log_probs.append(out.log_prob)
     n = len(advantages)
-    return Rollout(prompts=["p"] * n, sample_ids=torch.arange(n), group_ids=torch.zeros(n, dtype=torch.long),
-                   conditions={}, states=torch.stack(states, 1), log_probs=torch.stack(log_probs, 1),
-                   sigmas=sigmas, advantages=torch.tensor(advantages))
+    return Rollout(
+        prompts=["p"] * n,
+        sample_ids=torch.arange(n),
+        group_ids=torch.zeros(n, dtype=torch.long),
+        conditions={},
+        states=torch.stack(states, 1),
+        log_probs=torch.stack(log_probs, 1),
+        sigmas=sigmas,
+        advantages=torch.tensor(advantages),
+    )
 
 
 def objective(**options):
@@ -119,9 +126,16 @@ def test_timestep_fraction_picks_a_reproducible_subset():
 def rollout_with_log_probs(log_probs: torch.Tensor) -> Rollout:
     """A rollout of ``log_probs.shape[1]`` transitions with only the log-probs filled in (what selection reads)."""
     n, steps = log_probs.shape
-    return Rollout(prompts=["p"] * n, sample_ids=torch.arange(n), group_ids=torch.zeros(n, dtype=torch.long),
-                   conditions={}, states=torch.zeros(n, steps + 1, 1), log_probs=log_probs,
-                   sigmas=torch.linspace(1, 0, steps + 1), advantages=torch.zeros(n))
+    return Rollout(
+        prompts=["p"] * n,
+        sample_ids=torch.arange(n),
+        group_ids=torch.zeros(n, dtype=torch.long),
+        conditions={},
+        states=torch.zeros(n, steps + 1, 1),
+        log_probs=log_probs,
+        sigmas=torch.linspace(1, 0, steps + 1),
+        advantages=torch.zeros(n),
+    )
 
 
 @pytest.mark.parametrize("selection", ["random", "first", "stratified", "window"])
@@ -158,7 +172,13 @@ def test_cps_rollouts_leave_the_deterministic_last_step_out_of_training(make_con
     sampler = pm.component("sampler", "cps").build(config.sampler.options, context)
     conditions = backbone.encode(["a red circle", "a blue square"])
     states, log_probs, sigmas = sample_trajectories(
-        backbone, sampler, conditions, initial_generators=sample_generators(0, 0, 0, [0, 1]),
-        step_generators=sample_generators(0, 0, 1, [0, 1]), num_steps=4, guidance_scale=1.0)
+        backbone,
+        sampler,
+        conditions,
+        initial_generators=sample_generators(0, 0, 0, [0, 1]),
+        step_generators=sample_generators(0, 0, 1, [0, 1]),
+        num_steps=4,
+        guidance_scale=1.0,
+    )
     rollout = rollout_with_log_probs(log_probs)
     assert torch.isnan(log_probs[:, -1]).all() and objective().micro_steps(rollout, 0) == [0, 1, 2]

@@ -34,10 +34,12 @@ def test_aggregations_follow_their_definitions():
 def test_importance_weights():
     sampler = torch.log(torch.tensor([[0.5, 0.9, 0.1]]))
     trainer = torch.log(torch.tensor([[0.6, 0.99, 0.5]]))  # ratios 1.2, 1.1, 5.0
-    torch.testing.assert_close(importance_weights(trainer, sampler, "tis", cap=2.0, threshold=1.0),
-                               torch.tensor([[1.2, 1.1, 2.0]]))
-    torch.testing.assert_close(importance_weights(trainer, sampler, "mis", cap=2.0, threshold=1.0),
-                               torch.tensor([[1.2, 1.1, 0.0]]))
+    torch.testing.assert_close(
+        importance_weights(trainer, sampler, "tis", cap=2.0, threshold=1.0), torch.tensor([[1.2, 1.1, 2.0]])
+    )
+    torch.testing.assert_close(
+        importance_weights(trainer, sampler, "mis", cap=2.0, threshold=1.0), torch.tensor([[1.2, 1.1, 0.0]])
+    )
     # CIS: the trainer's log-odds may exceed the sampler's by at most delta; the implied cap on the weight
     # sigmoid(logit(q) + delta) / q tightens as the sampler's confidence q rises, and small weights stay
     cis = importance_weights(trainer, sampler, "cis", cap=2.0, threshold=1.0)[0]
@@ -46,8 +48,9 @@ def test_importance_weights():
     assert caps[1] < caps[0] < caps[2]
     expected = torch.minimum(torch.tensor([1.2, 1.1, 5.0]), caps)
     torch.testing.assert_close(cis, expected.float(), rtol=1e-5, atol=1e-6)
-    lower = importance_weights(torch.log(torch.tensor([[0.2]])), torch.log(torch.tensor([[0.5]])), "cis", cap=2.0,
-                               threshold=1.0)
+    lower = importance_weights(
+        torch.log(torch.tensor([[0.2]])), torch.log(torch.tensor([[0.5]])), "cis", cap=2.0, threshold=1.0
+    )
     assert lower.item() == pytest.approx(0.4)  # never clipped upward
 
 
@@ -83,6 +86,9 @@ def test_log_ratios_and_k3_are_bounded_as_verl_bounds_them():
     from gyremedia.objectives.token_grpo import log_ratios
 
     far = torch.tensor([[-100.0, 0.5, 100.0]])
-    assert log_ratios(far, torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.bool), "token").tolist() == [[-20.0, 0.5, 20.0]]
+    assert log_ratios(far, torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.bool), "token").tolist() == [
+        [-20.0, 0.5, 20.0]
+    ]
     assert k3(torch.zeros(3), torch.tensor([-100.0, 0.1, 100.0])).tolist() == pytest.approx(
-        [10.0, math.exp(0.1) - 1.1, 10.0], rel=1e-5)  # 19 + exp(-20) and exp(20) - 21, each held to 10
+        [10.0, math.exp(0.1) - 1.1, 10.0], rel=1e-5
+    )  # 19 + exp(-20) and exp(20) - 21, each held to 10

@@ -30,7 +30,7 @@ def test_fixed_profiles():
     error, t = torch.tensor([4.0, 1.0]), torch.tensor([0.5, 0.25])
     torch.testing.assert_close(PROFILES["uniform"](error, t), -error)
     torch.testing.assert_close(PROFILES["t"](error, t), -t * error)
-    torch.testing.assert_close(PROFILES["t2"](error, t), -t**2 * error)
+    torch.testing.assert_close(PROFILES["t2"](error, t), -(t**2) * error)
     torch.testing.assert_close(GeneralisedHuber(GHuberOptions(power=0.5))(error, t), -t * error.sqrt() / 0.5)
     assert validate(GHuberOptions(power=0.0), "weighting.")[0].startswith("weighting.power=0.0: must be in (0, 1]")
 
@@ -104,16 +104,22 @@ def test_weighting_errors_name_the_fix(make_config):
 
 
 def test_an_adaptive_weighting_trains_logs_and_resumes(tiny_yaml, tmp_path):
-    common = ["objective={name: awm}", "sampler={name: ode}", "checkpoint.every=2",
-              "weighting={name: budgeted, profiles: [uniform, t2], budget_steps: 4}"]
+    common = [
+        "objective={name: awm}",
+        "sampler={name: ode}",
+        "checkpoint.every=2",
+        "weighting={name: budgeted, profiles: [uniform, t2], budget_steps: 4}",
+    ]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert main(["train", str(tiny_yaml), f"run.output_dir={straight}", "train.steps=3", *common]) == 0
     assert main(["train", str(tiny_yaml), f"run.output_dir={split}", "train.steps=2", *common]) == 0
     assert main(["train", "--resume", str(split), "train.steps=3"]) == 0
 
     def rows(run):
-        return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
-                for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [
+            {k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+            for line in (run / "metrics.jsonl").read_text().splitlines()
+        ]
 
     assert [r["weighting/profile"] for r in rows(straight) if "weighting/profile" in r] == [0.0, 1.0, 0.0]
     assert rows(split)[-1] == rows(straight)[-1]
@@ -147,6 +153,8 @@ class ThirdPartyPlugin:
 
 def test_a_registered_weighting_is_selected_by_name(make_config):
     pm = PluginManager(extra_plugins=[ThirdPartyPlugin])
-    config = make_config("objective={name: vgrpo}", "sampler={name: ode}", "weighting=cosine", "train.steps=1", plugins=pm)
+    config = make_config(
+        "objective={name: vgrpo}", "sampler={name: ode}", "weighting=cosine", "train.steps=1", plugins=pm
+    )
     Trainer(config, pm).train()
     assert ThirdPartyPlugin.made[-1].calls > 0

@@ -17,8 +17,7 @@ from gyremedia.trainer import Trainer
 
 
 def test_the_contrastive_subset_is_each_groups_best_and_worst():
-    rewards = torch.tensor([[0.1, 0.9, 0.5, 0.3, 0.7, 0.2],
-                            [0.4, float("nan"), 0.4, 0.8, 0.0, 0.6]])
+    rewards = torch.tensor([[0.1, 0.9, 0.5, 0.3, 0.7, 0.2], [0.4, float("nan"), 0.4, 0.8, 0.0, 0.6]])
     assert contrastive_subset(rewards, 4).tolist() == [[1, 4, 5, 0], [3, 5, 4, 1]]  # a failed score ranks last
     assert contrastive_subset(rewards, 3).tolist() == [[1, 4, 0], [3, 5, 1]]  # odd: one more of the best
     assert contrastive_subset(rewards[:, :2], 2).tolist() == [[1, 0], [0, 1]]
@@ -39,7 +38,9 @@ class PoolSpy:
 
 
 def test_the_rollout_starts_from_the_chosen_candidates_noises(make_config):
-    trainer = Trainer(make_config("rollout.candidates=12", "rollout.candidate_steps=2", "train.steps=1"), PluginManager())
+    trainer = Trainer(
+        make_config("rollout.candidates=12", "rollout.candidate_steps=2", "train.steps=1"), PluginManager()
+    )
     state = trainer.setup()
     spy = state.rewards["jpeg_compressibility"] = PoolSpy(state.rewards["jpeg_compressibility"])
     state.scorer.rewards["jpeg_compressibility"] = spy
@@ -66,11 +67,17 @@ def test_a_two_stage_run_trains_on_policy_and_reports_the_pool(make_config):
     assert metrics["ratio"] == 1.0 and math.isfinite(metrics["rollout/candidate_reward"])
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["rollout.candidates=6"], "draw a larger multiple of rollout.group_size=4"),
-    (["rollout.candidates=4"], "draw a larger multiple of rollout.group_size=4"),
-    (["rollout.candidates=8", "rollout.branch_steps=[0, 1]"], "set rollout.branch_steps=[] or rollout.candidates=0"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["rollout.candidates=6"], "draw a larger multiple of rollout.group_size=4"),
+        (["rollout.candidates=4"], "draw a larger multiple of rollout.group_size=4"),
+        (
+            ["rollout.candidates=8", "rollout.branch_steps=[0, 1]"],
+            "set rollout.branch_steps=[] or rollout.candidates=0",
+        ),
+    ],
+)
 def test_bad_candidate_settings_fail_at_config_time(make_config, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("[", "\\[").replace("]", "\\]")):
         make_config(*overrides)

@@ -29,14 +29,29 @@ def tiny_clap(tmp_path_factory):
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # byte-level BPE with no merges: one token per byte
     vocab = {token: i for i, token in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
     tokenizer = RobertaTokenizer(vocab=vocab, merges=[], model_max_length=32)
-    config = ClapConfig(text_config={"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64,
-                                     "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 40,
-                                     "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
-                                     "eos_token_id": tokenizer.eos_token_id},
-                        audio_config={"spec_size": 64, "num_mel_bins": 16, "window_size": 4, "depths": [1, 1],
-                                      "num_attention_heads": [2, 2], "patch_embeds_hidden_size": 16,
-                                      "hidden_size": 32},
-                        projection_dim=24)
+    config = ClapConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "max_position_embeddings": 40,
+            "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+        },
+        audio_config={
+            "spec_size": 64,
+            "num_mel_bins": 16,
+            "window_size": 4,
+            "depths": [1, 1],
+            "num_attention_heads": [2, 2],
+            "patch_embeds_hidden_size": 16,
+            "hidden_size": 32,
+        },
+        projection_dim=24,
+    )
     torch.manual_seed(0)
     model = ClapModel(config)
     with torch.no_grad():  # apart, so a test can tell which one scales logits_per_audio

@@ -33,8 +33,9 @@ def test_a_run_trains_without_a_feature_it_does_not_use(feature, make_config, mo
     state = Trainer(make_config("train.steps=1", plugins=pm), pm).train()
     assert state.step == 1 and math.isfinite(state.last_metrics["loss"])
     assert ("monitor/collapse" in state.last_metrics) == (feature != "monitor")  # the monitor reports every eval
-    with pytest.raises(ConfigError, match=f"{FEATURES[feature].split('=')[0]} is read by the plugin '{feature}', "
-                                          "which is not loaded"):
+    with pytest.raises(
+        ConfigError, match=f"{FEATURES[feature].split('=')[0]} is read by the plugin '{feature}', which is not loaded"
+    ):
         make_config(FEATURES[feature], plugins=pm)
 
 

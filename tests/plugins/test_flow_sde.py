@@ -39,7 +39,9 @@ def test_sde_preserves_the_flow_marginals():
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(1, 40_000, generator=generator)
     for i in range(100):
-        x = sampler.step(x, velocity(x, sigmas[i]), sigmas, i, noise=torch.randn(x.shape, generator=generator)).next_state
+        x = sampler.step(
+            x, velocity(x, sigmas[i]), sigmas, i, noise=torch.randn(x.shape, generator=generator)
+        ).next_state
     assert x.std().item() == pytest.approx(s, rel=0.03)
     assert abs(x.mean().item()) < 0.01
 

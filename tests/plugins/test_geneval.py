@@ -76,8 +76,12 @@ def test_the_confidence_threshold_is_0_3_and_0_9_for_counting_prompts():
 
 
 def test_keep_detections_thresholds_sorts_caps_and_suppresses_per_class():
-    low, tie, mid, high = det("cat", (0, 0, 9, 9), 0.2), det("cat", (50, 0, 59, 9), 0.3), \
-        det("cat", (20, 0, 29, 9), 0.31), det("cat", (40, 0, 49, 9), 0.95)
+    low, tie, mid, high = (
+        det("cat", (0, 0, 9, 9), 0.2),
+        det("cat", (50, 0, 59, 9), 0.3),
+        det("cat", (20, 0, 29, 9), 0.31),
+        det("cat", (40, 0, 49, 9), 0.95),
+    )
     kept = keep_detections([low, tie, mid, high, det("dog", (0, 0, 9, 9), 0.1)], threshold=0.3)
     assert kept == {"cat": [high, mid]}  # strictly above the threshold, most confident first; no empty classes
     three = [det("cat", (i * 20, 0, i * 20 + 9, 9), 0.9 - i / 100) for i in range(3)]
@@ -169,21 +173,25 @@ def test_colours():
     v = verdict(red_car, [det("car", (0, 0, 9, 9), 0.9), det("car", (20, 0, 29, 9), 0.8)], colours)
     assert (v.correct, v.strict_correct, v.partial) == (True, False, 0.0)
     assert colours.asked == [("car", [(0, 0, 9, 9)])]
-    attr = meta("color_attr", [{"class": "car", "count": 1, "color": "red"}, {"class": "bus", "count": 1,
-                                                                               "color": "red"}])
+    attr = meta(
+        "color_attr", [{"class": "car", "count": 1, "color": "red"}, {"class": "bus", "count": 1, "color": "red"}]
+    )
     v = verdict(attr, [det("car", (0, 0, 9, 9)), det("bus", (20, 0, 29, 9))], colours)
     assert (v.correct, v.partial) == (False, 0.75) and v.reason.startswith("expected red bus>=1")
 
 
 def test_positions():
-    bird_left = meta("position", [{"class": "couch", "count": 1}, {"class": "bird", "count": 1,
-                                                                   "position": ["left of", 0]}])
+    bird_left = meta(
+        "position", [{"class": "couch", "count": 1}, {"class": "bird", "count": 1, "position": ["left of", 0]}]
+    )
     couch = det("couch", (40, 40, 60, 60))
     v = verdict(bird_left, [couch, det("bird", (0, 40, 20, 60))])
     assert (v.correct, v.strict_correct, v.partial) == (True, True, 1.0)
     v = verdict(bird_left, [couch, det("bird", (80, 40, 100, 60))])
-    assert (v.correct, v.strict_correct) == (False, False) and v.reason == "expected bird left of target, found " \
-                                                                           "right of target"
+    assert (v.correct, v.strict_correct) == (
+        False,
+        False,
+    ) and v.reason == "expected bird left of target, found right of target"
     assert v.partial == 0.75  # terms 1, 1, 0 and the 1 Flow-GRPO's server appends after a failed position
     v = verdict(bird_left, [couch, det("bird", (35, 40, 55, 60))])  # overlapping: ambiguous, so not left of
     assert not v.correct and v.reason == "expected bird left of target, found  target"
@@ -203,59 +211,81 @@ def test_exclude_clauses_fail_genevals_verdict_only():
 def test_check_and_check_partial_take_kept_detections():
     objects = {"cat": [det("cat", (0, 0, 9, 9))]}
     assert check(meta("single_object", [{"class": "cat", "count": 1}]), objects, no_colours) == (True, "")
-    assert check_partial(meta("single_object", [{"class": "cat", "count": 2}]), objects, no_colours) == \
-        (False, 0.5, "expected cat==2, found 1")
+    assert check_partial(meta("single_object", [{"class": "cat", "count": 2}]), objects, no_colours) == (
+        False,
+        0.5,
+        "expected cat==2, found 1",
+    )
 
 
 # -- metadata -------------------------------------------------------------------------------------------------------
 
 
 def test_metadata_from_prompt_records():
-    position = {"tag": "position", "include": [{"class": "couch", "count": 1},
-                                               {"class": "bird", "count": 1, "position": ["left of", 0]}]}
-    expected = {"tag": "position", "exclude": [], "include": [{"class": "couch", "count": 1},
-                                                              {"class": "bird", "count": 1,
-                                                               "position": ("left of", 0)}]}
+    position = {
+        "tag": "position",
+        "include": [{"class": "couch", "count": 1}, {"class": "bird", "count": 1, "position": ["left of", 0]}],
+    }
+    expected = {
+        "tag": "position",
+        "exclude": [],
+        "include": [{"class": "couch", "count": 1}, {"class": "bird", "count": 1, "position": ("left of", 0)}],
+    }
     assert geneval_metadata(Prompt("a photo of a bird left of a couch", position)) == expected
     # as Hugging Face datasets reads a jsonl: missing keys filled with None
-    filled = {"tag": "position", "exclude": None, "include": [
-        {"class": "couch", "count": 1, "color": None, "position": None},
-        {"class": "bird", "count": 1, "color": None, "position": ["left of", 0]}]}
+    filled = {
+        "tag": "position",
+        "exclude": None,
+        "include": [
+            {"class": "couch", "count": 1, "color": None, "position": None},
+            {"class": "bird", "count": 1, "color": None, "position": ["left of", 0]},
+        ],
+    }
     assert geneval_metadata(Prompt("a photo of a bird left of a couch", filled)) == expected
     assert geneval_metadata(Prompt("p", {"metadata": json.dumps(position)})) == expected  # the line in one field
 
 
 def test_a_prompt_without_metadata_says_how_to_give_it():
-    with pytest.raises(ValueError, match=r"prompt 'a cat' has no 'tag' or 'include' field \(its fields: none\).*"
-                                         r"data.prompts_file.*evaluation_metadata.jsonl"):
+    with pytest.raises(
+        ValueError,
+        match=r"prompt 'a cat' has no 'tag' or 'include' field \(its fields: none\).*"
+        r"data.prompts_file.*evaluation_metadata.jsonl",
+    ):
         geneval_metadata("a cat")
     with pytest.raises(ValueError, match=r"no 'include' field \(its fields: 'tag'\)"):
         geneval_metadata(Prompt("a cat", {"tag": "single_object"}))
     with pytest.raises(ValueError, match="'unicorn' is not one of GenEval's 80 COCO classes"):
         geneval_metadata(Prompt("p", {"tag": "single_object", "include": [{"class": "unicorn", "count": 1}]}))
     with pytest.raises(ValueError, match="index of an earlier include clause"):
-        geneval_metadata(Prompt("p", {"tag": "position", "include": [{"class": "cat", "count": 1,
-                                                                      "position": ["left of", 0]}]}))
+        geneval_metadata(
+            Prompt("p", {"tag": "position", "include": [{"class": "cat", "count": 1, "position": ["left of", 0]}]})
+        )
 
 
 # -- the reward -----------------------------------------------------------------------------------------------------
 
 RECORDS = [
     {"tag": "single_object", "include": [{"class": "bench", "count": 1}], "prompt": "a photo of a bench"},
-    {"tag": "counting", "include": [{"class": "bus", "count": 3}], "exclude": [{"class": "bus", "count": 4}],
-     "prompt": "a photo of three buses"},
+    {
+        "tag": "counting",
+        "include": [{"class": "bus", "count": 3}],
+        "exclude": [{"class": "bus", "count": 4}],
+        "prompt": "a photo of three buses",
+    },
     {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "red"}], "prompt": "a photo of a red car"},
-    {"tag": "position", "include": [{"class": "couch", "count": 1},
-                                    {"class": "bird", "count": 1, "position": ["left of", 0]}],
-     "prompt": "a photo of a bird left of a couch"},
+    {
+        "tag": "position",
+        "include": [{"class": "couch", "count": 1}, {"class": "bird", "count": 1, "position": ["left of", 0]}],
+        "prompt": "a photo of a bird left of a couch",
+    },
 ]
 
 #: What the stub detector sees in image i (each image is filled with the value i).
 SCENES = [
-    [det("bench", (0, 0, 9, 9))],                                                       # right
-    buses(4),                                                                           # one bus too many
-    [det("car", (0, 0, 9, 9))],                                                         # a blue car
-    [det("couch", (40, 40, 60, 60)), det("bird", (80, 40, 100, 60))],                   # bird right of the couch
+    [det("bench", (0, 0, 9, 9))],  # right
+    buses(4),  # one bus too many
+    [det("car", (0, 0, 9, 9))],  # a blue car
+    [det("couch", (40, 40, 60, 60)), det("bird", (80, 40, 100, 60))],  # bird right of the couch
 ]
 
 
@@ -310,8 +340,7 @@ def test_the_reward_fails_before_detecting_when_a_prompt_has_no_metadata(prompts
 # -- the models' plumbing -------------------------------------------------------------------------------------------
 
 #: COCO's label map as detectors spell it (mouse, remote, keyboard: GenEval renames them).
-COCO = [{"computer mouse": "mouse", "tv remote": "remote", "computer keyboard": "keyboard"}.get(c, c)
-        for c in CLASSES]
+COCO = [{"computer mouse": "mouse", "tv remote": "remote", "computer keyboard": "keyboard"}.get(c, c) for c in CLASSES]
 
 
 def test_detector_labels_map_to_genevals_names():
@@ -336,11 +365,28 @@ def tiny_mask2former(tmp_path_factory):
         SwinConfig,
     )
 
-    swin = SwinConfig(image_size=64, patch_size=4, embed_dim=8, depths=[1, 1, 1, 1], num_heads=[1, 1, 1, 1],
-                      window_size=4, out_features=["stage1", "stage2", "stage3", "stage4"])
-    config = Mask2FormerConfig(backbone_config=swin, feature_size=32, mask_feature_size=32, hidden_dim=32,
-                               encoder_feedforward_dim=32, encoder_layers=1, decoder_layers=2, num_attention_heads=2,
-                               dim_feedforward=32, num_queries=6, id2label=dict(enumerate(COCO)))
+    swin = SwinConfig(
+        image_size=64,
+        patch_size=4,
+        embed_dim=8,
+        depths=[1, 1, 1, 1],
+        num_heads=[1, 1, 1, 1],
+        window_size=4,
+        out_features=["stage1", "stage2", "stage3", "stage4"],
+    )
+    config = Mask2FormerConfig(
+        backbone_config=swin,
+        feature_size=32,
+        mask_feature_size=32,
+        hidden_dim=32,
+        encoder_feedforward_dim=32,
+        encoder_layers=1,
+        decoder_layers=2,
+        num_attention_heads=2,
+        dim_feedforward=32,
+        num_queries=6,
+        id2label=dict(enumerate(COCO)),
+    )
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("mask2former")
     Mask2FormerForUniversalSegmentation(config).save_pretrained(folder)
@@ -367,10 +413,15 @@ def test_the_detector_returns_detections_of_the_images_size(tiny_mask2former):
 def tiny_clip(tmp_path_factory) -> str:
     """A random open_clip model's config json (widths 64 and 32, one layer each)."""
     config = tmp_path_factory.mktemp("clip") / "tiny-geneval-clip.json"
-    config.write_text(json.dumps({"embed_dim": 16, "vision_cfg": {"image_size": 32, "layers": 1, "width": 64,
-                                                                  "patch_size": 8},
-                                  "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2,
-                                               "layers": 1}}))
+    config.write_text(
+        json.dumps(
+            {
+                "embed_dim": 16,
+                "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "patch_size": 8},
+                "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+            }
+        )
+    )
     return str(config)
 
 
@@ -393,8 +444,15 @@ def test_clip_colours_crop_mask_and_name_a_colour_per_object(tiny_clip):
 
 def test_the_reward_runs_on_its_own_models(tiny_mask2former, tiny_clip, prompts):
     torch.manual_seed(0)
-    options = GenEvalOptions(detector=str(tiny_mask2former), short_edge=64, long_edge=128, clip_model=tiny_clip,
-                             clip_pretrained="", threshold=0.0, counting_threshold=0.0)
+    options = GenEvalOptions(
+        detector=str(tiny_mask2former),
+        short_edge=64,
+        long_edge=128,
+        clip_model=tiny_clip,
+        clip_pretrained="",
+        threshold=0.0,
+        counting_threshold=0.0,
+    )
     assert validate(options) == []
     reward, asked = GenEval(options), []
     clip = reward.colours

@@ -23,8 +23,14 @@ def test_llm_quickstart_raises_heldout_exact_match(tmp_path):
     train = gyremedia("train", "llm_quickstart", f"run.output_dir={run}", "logging.progress=false", timeout=900)
     minutes = (time.monotonic() - start) / 60
     assert minutes <= MAX_MINUTES, f"the run took {minutes:.1f} minutes"
-    for made in ("samples/before.txt", "samples/after.txt", "reward_curve.png", "pipeline/model.safetensors",
-                 "pipeline/tokenizer.json", "pipeline/README.md"):
+    for made in (
+        "samples/before.txt",
+        "samples/after.txt",
+        "reward_curve.png",
+        "pipeline/model.safetensors",
+        "pipeline/tokenizer.json",
+        "pipeline/README.md",
+    ):
         assert (run / made).is_file(), made
     evaluate = gyremedia("eval", str(run), "--json", timeout=600)
     report = json.loads(evaluate.stdout)

@@ -44,7 +44,10 @@ def test_warns_when_the_proxy_rises_while_gold_falls(caplog):
         assert first["monitor/hacking"] == 0.0 and first["eval/gold/judge"] == pytest.approx(0.55)
         assert evaluate(monitor, gold, 20, 0.41, 0.545)["monitor/hacking"] == 0.0  # within the tolerance
         assert evaluate(monitor, gold, 30, 0.50, 0.40)["monitor/hacking"] == 1.0  # proxy up, gold down
-    assert "reward hacking? at step 30 the proxy eval/proxy rose 0.4100 -> 0.5000 while eval/gold/judge fell" in caplog.text
+    assert (
+        "reward hacking? at step 30 the proxy eval/proxy rose 0.4100 -> 0.5000 while eval/gold/judge fell"
+        in caplog.text
+    )
     restored = HackingMonitor(MonitorSection(tolerance=0.01), {"judge": gold}, proxy="eval/proxy")
     restored.load_state_dict(monitor.state_dict())
     assert evaluate(restored, gold, 40, 0.60, 0.30)["monitor/hacking"] == 1.0
@@ -61,8 +64,11 @@ def test_warns_when_diversity_collapses(caplog):
 
 
 def test_a_run_reports_gold_and_drift(make_config, tmp_path):
-    config = make_config("monitor={gold: [{name: shapes_verifier, criteria: [colour]}], drift: true}", "train.steps=2",
-                         "train.learning_rate=0.01")
+    config = make_config(
+        "monitor={gold: [{name: shapes_verifier, criteria: [colour]}], drift: true}",
+        "train.steps=2",
+        "train.learning_rate=0.01",
+    )
     Trainer(config, PluginManager()).train()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/gold/shapes_verifier" in r]

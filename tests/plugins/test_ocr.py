@@ -59,8 +59,12 @@ def test_a_missing_tesseract_says_how_to_install_it_or_which_engine_to_use():
 
 def test_reads_the_right_word_and_scores_a_wrong_one_lower(ocr):
     media = rendered("gyremedia", "gyremedia", "flow matching", "sunset")
-    prompts = ['a sign that says "gyremedia"', 'a sign that says "diffusion"',
-               'a poster reading "flow matching"', 'a card with "sunrise"']
+    prompts = [
+        'a sign that says "gyremedia"',
+        'a sign that says "diffusion"',
+        'a poster reading "flow matching"',
+        'a card with "sunrise"',
+    ]
     scores = ocr(media, prompts)
     assert scores["score"][0] == 1.0 and scores["exact"][0] == 1.0
     assert scores["score"][2] == 1.0

@@ -33,9 +33,15 @@ class LinearField:
 def solve(sampler, steps: int, backbone=None):
     backbone = backbone or LinearField()
     backbone.sigmas = lambda n: torch.linspace(1.0, 0.2, n + 1, dtype=torch.float64)
-    states, log_probs, _ = sample_trajectories(backbone, sampler, {}, initial_generators=sample_generators(0, 0, 0, [0, 1]),
-                                               step_generators=sample_generators(0, 0, 1, [0, 1]), num_steps=steps,
-                                               guidance_scale=1.0)
+    states, log_probs, _ = sample_trajectories(
+        backbone,
+        sampler,
+        {},
+        initial_generators=sample_generators(0, 0, 0, [0, 1]),
+        step_generators=sample_generators(0, 0, 1, [0, 1]),
+        num_steps=steps,
+        guidance_scale=1.0,
+    )
     exact = states[:, 0] * math.exp(0.7 * (0.2 - 1.0))
     return (states[:, -1] - exact).abs().max().item(), log_probs
 
@@ -54,8 +60,15 @@ def test_heun_evaluates_twice_per_step_except_the_last_to_zero():
     assert backbone.calls == 10
     backbone.calls = 0
     backbone.sigmas = lambda n: torch.linspace(1.0, 0.0, n + 1, dtype=torch.float64)
-    sample_trajectories(backbone, HeunODESampler(), {}, initial_generators=sample_generators(0, 0, 0, [0]),
-                        step_generators=sample_generators(0, 0, 1, [0]), num_steps=5, guidance_scale=1.0)
+    sample_trajectories(
+        backbone,
+        HeunODESampler(),
+        {},
+        initial_generators=sample_generators(0, 0, 0, [0]),
+        step_generators=sample_generators(0, 0, 1, [0]),
+        num_steps=5,
+        guidance_scale=1.0,
+    )
     assert backbone.calls == 9  # the step to sigma = 0 is Euler
     with pytest.raises(ValueError, match="predict"):
         HeunODESampler().step(torch.ones(1, 3), torch.ones(1, 3), torch.tensor([1.0, 0.5, 0.0]), 0)
@@ -65,8 +78,15 @@ def ddim_schedule(steps: int, zero_terminal_snr: bool = False) -> tuple[DDIMSche
     """Stable Diffusion's DDIM scheduler (v-prediction; with ``zero_terminal_snr`` rescaled to reach pure noise,
     trailing spacing) and our noise levels for its timesteps: sqrt(1 - alpha_bar)."""
     spacing = {"rescale_betas_zero_snr": True, "timestep_spacing": "trailing"} if zero_terminal_snr else {}
-    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                              set_alpha_to_one=False, prediction_type="v_prediction", **spacing)
+    scheduler = DDIMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        prediction_type="v_prediction",
+        **spacing,
+    )
     scheduler.set_timesteps(steps)
     alpha_bars = torch.stack([*scheduler.alphas_cumprod[scheduler.timesteps], scheduler.final_alpha_cumprod])
     return scheduler, (1 - alpha_bars).sqrt()
@@ -87,7 +107,9 @@ def test_ddim_eta_matches_diffusers_and_replays_its_log_probs(eta, zero_terminal
         theirs = scheduler.step(v, timestep, x, eta=eta, variance_noise=noise).prev_sample
         if sigmas[i] == 1:  # from pure noise: x0 = -v; DDPM's posterior leaves no deterministic direction
             alpha_prev = 1 - sigmas[i + 1] ** 2
-            torch.testing.assert_close(ours.next_state, -alpha_prev.sqrt() * v + sigmas[i + 1] * noise, rtol=0, atol=1e-6)
+            torch.testing.assert_close(
+                ours.next_state, -alpha_prev.sqrt() * v + sigmas[i + 1] * noise, rtol=0, atol=1e-6
+            )
             # diffusers takes the square root of 1 - a' - std^2, zero up to a rounding error of about 1e-7 here;
             # where the CPU's kernels round it below zero its step is NaN everywhere (seen on one machine)
             if theirs.isfinite().all():
@@ -122,8 +144,11 @@ def test_ddim_eta_log_prob_is_the_gaussian_density():
 
 
 def test_an_epsilon_sampler_on_a_velocity_backbone_fails_at_config_time(make_config):
-    with pytest.raises(ConfigError, match="sampler 'ddim_eta' steps on v_prediction predictions, but backbone "
-                                          "'flow_matching' predicts velocity: choose one of .*flow_sde"):
+    with pytest.raises(
+        ConfigError,
+        match="sampler 'ddim_eta' steps on v_prediction predictions, but backbone "
+        "'flow_matching' predicts velocity: choose one of .*flow_sde",
+    ):
         make_config("sampler={name: ddim_eta}")
     with pytest.raises(ConfigError, match="eval.sampler 'ddim_eta'"):
         make_config("eval.sampler=ddim_eta")

@@ -40,8 +40,11 @@ def test_per_sample_weights_combine_each_groups_own_trade_off():
 
 def test_the_preference_input_starts_as_a_no_op_and_never_reaches_the_reference(make_config):
     config = make_config(*PARETO, "backbone.lora.enabled=true")
-    backbone = PluginManager().component("backbone", "flow_matching").build(config.backbone.options,
-                                                                             BuildContext(device=torch.device("cpu")))
+    backbone = (
+        PluginManager()
+        .component("backbone", "flow_matching")
+        .build(config.backbone.options, BuildContext(device=torch.device("cpu")))
+    )
     x = torch.randn(2, 4, 4, 4, generator=torch.Generator().manual_seed(0))
     conditions = backbone.encode(["a red circle", "a blue square"])
     preferred = {**conditions, "preference": torch.tensor([[1.0, 0.0], [0.0, 1.0]])}
@@ -50,8 +53,12 @@ def test_the_preference_input_starts_as_a_no_op_and_never_reaches_the_reference(
         torch.testing.assert_close(backbone.predict(x, torch.tensor(0.5), preferred), plain, rtol=0, atol=0)
         torch.nn.init.normal_(backbone.preference_embedder.weight)
         assert not torch.allclose(backbone.predict(x, torch.tensor(0.5), preferred), plain)
-        torch.testing.assert_close(backbone.predict(x, torch.tensor(0.5), preferred, reference=True),
-                                   backbone.predict(x, torch.tensor(0.5), conditions, reference=True), rtol=0, atol=0)
+        torch.testing.assert_close(
+            backbone.predict(x, torch.tensor(0.5), preferred, reference=True),
+            backbone.predict(x, torch.tensor(0.5), conditions, reference=True),
+            rtol=0,
+            atol=0,
+        )
     state = backbone.trainable_state_dict()  # LoRA adapters plus the embedder
     assert "preference_embedder.weight" in state and any("lora" in k for k in state)
     assert backbone.preference_embedder.weight.requires_grad
@@ -75,15 +82,22 @@ def test_the_export_keeps_stock_weights_and_the_embedder_beside_them(make_config
     assert not any(k.startswith("preference_embedder") for k in weights)
     assert "preference_embedder" in dict(backbone.transformer.named_children())  # put back after saving
     reloaded = pm.component("backbone", "flow_matching").build(
-        make_config(*PARETO, f"backbone.pretrained={tmp_path / 'pipeline'}").backbone.options, context)
+        make_config(*PARETO, f"backbone.pretrained={tmp_path / 'pipeline'}").backbone.options, context
+    )
     torch.testing.assert_close(reloaded.preference_embedder.weight, backbone.preference_embedder.weight)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["pareto.enabled=true"], "needs at least 2 rewards"),
-    (["pareto.enabled=true", "rewards=[jpeg_compressibility, shapes_verifier]"], "set backbone.preference_inputs=2"),
-    ([*PARETO, "pareto.sweep=1"], "pareto.sweep=1: must be >= 2"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["pareto.enabled=true"], "needs at least 2 rewards"),
+        (
+            ["pareto.enabled=true", "rewards=[jpeg_compressibility, shapes_verifier]"],
+            "set backbone.preference_inputs=2",
+        ),
+        ([*PARETO, "pareto.sweep=1"], "pareto.sweep=1: must be >= 2"),
+    ],
+)
 def test_bad_pareto_configs_name_the_fix(make_config, overrides, message):
     with pytest.raises(ConfigError, match=message.replace(".", "\\.")):
         make_config(*overrides)
@@ -122,8 +136,14 @@ def test_the_pareto_config_learns_a_front_whose_extremes_each_win_their_own_rewa
     from gyremedia.config import load_config
 
     run, config = tmp_path / "pareto", Path(__file__).resolve().parents[2] / "configs" / "pareto.yaml"
-    gyremedia("train", str(config), f"run.output_dir={run}", "export.on_train_end=false", "logging.progress=false",
-              timeout=1200)
+    gyremedia(
+        "train",
+        str(config),
+        f"run.output_dir={run}",
+        "export.on_train_end=false",
+        "logging.progress=false",
+        timeout=1200,
+    )
     front = json.loads((run / "pareto_front.json").read_text())
     print(json.dumps(front, indent=1))
     names = [r["name"] for r in load_config(config).rewards]

@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from gyremedia.rollout import Media
-from gyremedia_rewards.pinned import (HPSv3, HPSv3Options, ImageReward, ImageRewardOptions, VideoAlign,
-                                      VideoAlignOptions)
+from gyremedia_rewards.pinned import HPSv3, HPSv3Options, ImageReward, ImageRewardOptions, VideoAlign, VideoAlignOptions
 
 PROMPTS = ["a red circle", "two blue squares"]
 
@@ -73,12 +72,15 @@ def test_hpsv3_takes_the_predicted_mean_as_the_score(reference_packages):
     assert torch.allclose(out["score"], expected()) and out["sigma"].tolist() == [0.5, 0.5]
 
 
-@pytest.mark.parametrize("reward, options, package", [(ImageReward, ImageRewardOptions, "image-reward"),
-                                                      (HPSv3, HPSv3Options, "hpsv3")])
+@pytest.mark.parametrize(
+    "reward, options, package", [(ImageReward, ImageRewardOptions, "image-reward"), (HPSv3, HPSv3Options, "hpsv3")]
+)
 def test_without_its_package_it_says_to_serve_it(monkeypatch, reward, options, package):
     monkeypatch.setitem(sys.modules, "ImageReward", None)
     monkeypatch.setitem(sys.modules, "hpsv3", None)
-    with pytest.raises(ImportError, match=f"needs the {package} package.*pip install {package}.*gyremedia serve-reward"):
+    with pytest.raises(
+        ImportError, match=f"needs the {package} package.*pip install {package}.*gyremedia serve-reward"
+    ):
         reward(options())
 
 
@@ -94,8 +96,15 @@ def test_videoalign_writes_each_clip_at_its_fps_and_sums_the_three_qualities(mon
 
         def reward(self, video_paths, prompts, fps=None, num_frames=None, max_pixels=None, use_norm=True):
             seen["use_norm"] = use_norm
-            return [{"VQ": float(written[p][0].mean()), "MQ": 1.0, "TA": float(len(t)),
-                     "Overall": float(written[p][0].mean()) + 1.0 + len(t)} for p, t in zip(video_paths, prompts)]
+            return [
+                {
+                    "VQ": float(written[p][0].mean()),
+                    "MQ": 1.0,
+                    "TA": float(len(t)),
+                    "Overall": float(written[p][0].mean()) + 1.0 + len(t),
+                }
+                for p, t in zip(video_paths, prompts)
+            ]
 
     monkeypatch.setitem(sys.modules, "imageio", types.SimpleNamespace(mimwrite=mimwrite))
     monkeypatch.setitem(sys.modules, "inference", types.SimpleNamespace(VideoVLMRewardInference=Inferencer))

@@ -11,8 +11,14 @@ from PIL import Image
 
 from gyremedia.rollout import Media
 from tiny_clip import save_tiny_clip
-from gyremedia_rewards.preference import (AestheticOptions, AestheticScore, PickScore, PickScoreOptions,
-                                          aesthetic_head, projected)
+from gyremedia_rewards.preference import (
+    AestheticOptions,
+    AestheticScore,
+    PickScore,
+    PickScoreOptions,
+    aesthetic_head,
+    projected,
+)
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle"]
 
@@ -20,8 +26,9 @@ PROMPTS = ["a red circle", "two blue squares", "a green triangle"]
 @pytest.fixture(scope="module")
 def tiny_clip(tmp_path_factory):
     """A CLIPModel (vision and text towers of width 32, projection 24) and its CLIPProcessor, saved as a folder."""
-    return save_tiny_clip(tmp_path_factory.mktemp("tiny_clip"),
-                          ["a", "red", "circle", "two", "blue", "squares", "green", "triangle"])
+    return save_tiny_clip(
+        tmp_path_factory.mktemp("tiny_clip"), ["a", "red", "circle", "two", "blue", "squares", "green", "triangle"]
+    )
 
 
 def images() -> torch.Tensor:
@@ -43,8 +50,11 @@ def test_pickscore_is_its_references_formula(tiny_clip):
     with torch.no_grad():
         image_embs = projected(model.get_image_features(**processor(images=pictures, return_tensors="pt")))
         image_embs = image_embs / image_embs.norm(dim=-1, keepdim=True)
-        text_embs = projected(model.get_text_features(**processor(text=PROMPTS, padding=True, truncation=True,
-                                                                  max_length=77, return_tensors="pt")))
+        text_embs = projected(
+            model.get_text_features(
+                **processor(text=PROMPTS, padding=True, truncation=True, max_length=77, return_tensors="pt")
+            )
+        )
         text_embs = text_embs / text_embs.norm(dim=-1, keepdim=True)
         expected = (model.logit_scale.exp() * (text_embs @ image_embs.T)).diag()
     reward = PickScore(PickScoreOptions(model=str(tiny_clip), processor=str(tiny_clip)))
@@ -78,10 +88,15 @@ def test_hpsv2_is_its_references_formula(tmp_path):
     from gyremedia_rewards.preference import HPSv2, HPSv2Options
 
     config = tmp_path / "tiny-hps-clip.json"
-    config.write_text(json.dumps({"embed_dim": 32, "vision_cfg": {"image_size": 32, "layers": 1, "width": 64,
-                                                                   "patch_size": 8},
-                                  "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2,
-                                               "layers": 1}}))
+    config.write_text(
+        json.dumps(
+            {
+                "embed_dim": 32,
+                "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "patch_size": 8},
+                "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+            }
+        )
+    )
     open_clip.add_model_config(config)
     torch.manual_seed(3)
     model, _, preprocess_val = open_clip.create_model_and_transforms("tiny-hps-clip", pretrained=None)

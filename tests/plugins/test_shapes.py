@@ -57,7 +57,12 @@ def test_verifier_names_the_failed_criterion():
     rng = np.random.default_rng(1)
     image = render("a red circle left of a blue square", rng)
     assert verify(image, "a blue circle left of a red square") == {
-        "object": True, "colour": False, "count": False, "position": False, "correct": False}
+        "object": True,
+        "colour": False,
+        "count": False,
+        "position": False,
+        "correct": False,
+    }
     assert verify(image, "a red circle right of a blue square")["position"] is False
     assert verify(image, "a red circle right of a blue square")["colour"] is True
     two = render("two green triangles", rng)
@@ -76,11 +81,17 @@ def test_reward_scores_partial_credit_per_criterion():
     wrong = reward(Media("image", images), ["a red circle right of a blue square", "three green triangles"])
     assert wrong["score"].tolist() == pytest.approx([0.75, 2 / 3])
     strict = ShapesVerifierReward(ShapesVerifierOptions(partial_credit=False))
-    assert strict(Media("image", images), ["a red circle right of a blue square", "two green triangles"])["score"].tolist() == [0.0, 1.0]
+    assert strict(Media("image", images), ["a red circle right of a blue square", "two green triangles"])[
+        "score"
+    ].tolist() == [0.0, 1.0]
     # a proxy counting some criteria only; a criterion that applies to no prompt criterion leaves NaN
     proxy = ShapesVerifierReward(ShapesVerifierOptions(criteria=["object", "colour"]))
-    assert proxy(Media("image", images), ["a red circle right of a blue square", "three green triangles"])["score"].tolist() == [1.0, 1.0]
-    position = ShapesVerifierReward(ShapesVerifierOptions(criteria=["position"]))(Media("image", images), prompts)["score"]
+    assert proxy(Media("image", images), ["a red circle right of a blue square", "three green triangles"])[
+        "score"
+    ].tolist() == [1.0, 1.0]
+    position = ShapesVerifierReward(ShapesVerifierOptions(criteria=["position"]))(Media("image", images), prompts)[
+        "score"
+    ]
     assert position[0] == 1.0 and torch.isnan(position[1])
     assert "choose among object, colour, count, position" in validate(ShapesVerifierOptions(criteria=["size"]))[0]
 

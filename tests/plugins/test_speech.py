@@ -26,18 +26,26 @@ from gyremedia.trainer import Trainer
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
 from gyremedia_samplers.ode import EulerODESampler
 from gyremedia_speech.backbone import SpeechEnhancementBackbone, SpeechEnhancementOptions, TinyEnhancerOptions
-from gyremedia_speech.rewards import (DNSMOSOptions, DNSMOSReward, ESTOIReward, PESQReward, SISDRReward, dnsmos_segments,
-                                      si_sdr)
+from gyremedia_speech.rewards import (
+    DNSMOSOptions,
+    DNSMOSReward,
+    ESTOIReward,
+    PESQReward,
+    SISDRReward,
+    dnsmos_segments,
+    si_sdr,
+)
 from gyremedia_speech.stft import STFTSettings
-from gyremedia_speech.world import (CLIP_SAMPLES, HELDOUT_SENTENCES, SENTENCES, parse_prompt, split_prompts)
+from gyremedia_speech.world import CLIP_SAMPLES, HELDOUT_SENTENCES, SENTENCES, parse_prompt, split_prompts
 
 CPU = BuildContext(device=torch.device("cpu"))
 TRAIN, HELDOUT = split_prompts()
 
 
 def tiny_enhancer(**options) -> SpeechEnhancementBackbone:
-    return SpeechEnhancementBackbone(SpeechEnhancementOptions(tiny=TinyEnhancerOptions(block_out_channels=[8, 16]),
-                                                              **options), CPU)
+    return SpeechEnhancementBackbone(
+        SpeechEnhancementOptions(tiny=TinyEnhancerOptions(block_out_channels=[8, 16]), **options), CPU
+    )
 
 
 def audio(waves: np.ndarray) -> Media:
@@ -51,7 +59,11 @@ def test_prompts_rebuild_the_same_utterance_and_bad_prompts_show_the_format():
     utterance = parse_prompt(TRAIN[3])
     assert utterance.prompt == TRAIN[3]
     (noisy, clean), (noisy2, clean2) = utterance.pair(), parse_prompt(TRAIN[3]).pair()
-    assert noisy.shape == clean.shape == (CLIP_SAMPLES,) and np.array_equal(noisy, noisy2) and np.array_equal(clean, clean2)
+    assert (
+        noisy.shape == clean.shape == (CLIP_SAMPLES,)
+        and np.array_equal(noisy, noisy2)
+        and np.array_equal(clean, clean2)
+    )
     assert np.abs(noisy).max() <= 0.99 and not np.array_equal(noisy, clean)
     with pytest.raises(ValueError, match="not a NoisySpeech prompt: expected 'sentence N, voice VOICE"):
         parse_prompt("a red circle")
@@ -96,7 +108,12 @@ def test_more_noise_lowers_every_score(speech):
     rng = np.random.default_rng(0)
     white = rng.standard_normal(clean.shape)
     power = np.mean(clean**2, axis=1, keepdims=True)
-    rewards = {"pesq": PESQReward(), "estoi": ESTOIReward(), "si_sdr": SISDRReward(), "dnsmos": DNSMOSReward(DNSMOSOptions())}
+    rewards = {
+        "pesq": PESQReward(),
+        "estoi": ESTOIReward(),
+        "si_sdr": SISDRReward(),
+        "dnsmos": DNSMOSReward(DNSMOSOptions()),
+    }
     scores = {name: [] for name in rewards}
     for snr in (20, 10, 0):
         noisy = clean + white * np.sqrt(power * 10 ** (-snr / 10))
@@ -121,7 +138,7 @@ def test_si_sdr_is_scale_invariant_and_matches_its_definition():
 def test_dnsmos_repeats_a_short_clip_to_the_models_input_length():
     segments = dnsmos_segments(np.arange(CLIP_SAMPLES, dtype=np.float32))
     assert segments.shape == (1, 144160)  # 9.01 s at 16 kHz, one window for a clip doubled to 10.2 s
-    assert np.array_equal(segments[0, CLIP_SAMPLES:2 * CLIP_SAMPLES], np.arange(CLIP_SAMPLES))
+    assert np.array_equal(segments[0, CLIP_SAMPLES : 2 * CLIP_SAMPLES], np.arange(CLIP_SAMPLES))
     assert dnsmos_segments(np.zeros(16000 * 11, dtype=np.float32)).shape == (2, 144160)  # 1 s hops
 
 
@@ -156,7 +173,9 @@ def test_a_group_shares_its_noisy_condition_and_decodes_to_audio():
     backbone = tiny_enhancer()
     conditions = backbone.encode([TRAIN[0], TRAIN[0], TRAIN[1]])
     assert conditions["noisy"].shape == (3, 2, 128, 128)
-    assert torch.equal(conditions["noisy"][0], conditions["noisy"][1]) and not torch.equal(conditions["noisy"][0], conditions["noisy"][2])
+    assert torch.equal(conditions["noisy"][0], conditions["noisy"][1]) and not torch.equal(
+        conditions["noisy"][0], conditions["noisy"][2]
+    )
     v = backbone.predict(torch.randn(3, 2, 128, 128), torch.tensor(0.5), conditions)
     assert v.shape == (3, 2, 128, 128)
     media = backbone.decode(torch.randn(3, 2, 128, 128))
@@ -170,10 +189,23 @@ def test_replayed_log_probs_equal_the_rollouts():
     prompts = TRAIN[:3]
     conditions = backbone.encode(prompts)
     states, log_probs, sigmas = sample_trajectories(
-        backbone, sampler, conditions, initial_generators=sample_generators(0, 0, 0, [0, 1, 2]),
-        step_generators=sample_generators(0, 0, 1, [0, 1, 2]), num_steps=4, guidance_scale=1.0)
-    rollout = Rollout(prompts=prompts, sample_ids=torch.arange(3), group_ids=torch.zeros(3, dtype=torch.long),
-                      conditions=conditions, states=states, log_probs=log_probs, sigmas=sigmas)
+        backbone,
+        sampler,
+        conditions,
+        initial_generators=sample_generators(0, 0, 0, [0, 1, 2]),
+        step_generators=sample_generators(0, 0, 1, [0, 1, 2]),
+        num_steps=4,
+        guidance_scale=1.0,
+    )
+    rollout = Rollout(
+        prompts=prompts,
+        sample_ids=torch.arange(3),
+        group_ids=torch.zeros(3, dtype=torch.long),
+        conditions=conditions,
+        states=states,
+        log_probs=log_probs,
+        sigmas=sigmas,
+    )
     ctx = ObjectiveContext(backbone=backbone, sampler=sampler, guidance_scale=1.0, step=0)
     for i in range(3):  # the last step to sigma 0 is deterministic
         transition, _ = replay_transition(ctx, rollout, i)
@@ -192,18 +224,26 @@ def test_the_export_enhances_in_a_fresh_process_as_gyremedia_does(tmp_path, lora
     backbone.save_pretrained(tmp_path / "export")
     prompts = HELDOUT[:2]
     noise = backbone.sample_noise(sample_generators(0, 0, 0, [0, 1]))
-    states, _, _ = sample_trajectories(backbone, EulerODESampler(), backbone.encode(prompts),
-                                       initial_generators=sample_generators(0, 0, 0, [0, 1]),
-                                       step_generators=sample_generators(0, 0, 1, [0, 1]), num_steps=6, guidance_scale=1.0)
+    states, _, _ = sample_trajectories(
+        backbone,
+        EulerODESampler(),
+        backbone.encode(prompts),
+        initial_generators=sample_generators(0, 0, 0, [0, 1]),
+        step_generators=sample_generators(0, 0, 1, [0, 1]),
+        num_steps=6,
+        guidance_scale=1.0,
+    )
     ours = backbone.decode(states[:, -1]).data[:, 0]
     noisy = torch.from_numpy(np.stack([parse_prompt(p).pair()[0] for p in prompts]))
     torch.save({"noisy": noisy, "noise": noise}, tmp_path / "inputs.pt")
     readme = (tmp_path / "export" / "README.md").read_text()
     code = readme.split("```python\n")[1].split("```")[0].replace("THIS_FOLDER", str(tmp_path / "export"))
-    script = code + (f"\ninputs = torch.load({str(tmp_path / 'inputs.pt')!r})\n"
-                     "torch.randn = lambda shape, generator=None: inputs['noise']  # the same initial noise\n"
-                     f"torch.save(enhance(inputs['noisy'], steps=6), {str(tmp_path / 'out.pt')!r})\n"
-                     "import sys; assert not any(m.startswith('gyremedia') for m in sys.modules)\n")
+    script = code + (
+        f"\ninputs = torch.load({str(tmp_path / 'inputs.pt')!r})\n"
+        "torch.randn = lambda shape, generator=None: inputs['noise']  # the same initial noise\n"
+        f"torch.save(enhance(inputs['noisy'], steps=6), {str(tmp_path / 'out.pt')!r})\n"
+        "import sys; assert not any(m.startswith('gyremedia') for m in sys.modules)\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     theirs = torch.load(tmp_path / "out.pt")
@@ -232,16 +272,22 @@ logging: {loggers: [jsonl]}
 def speech_config(tmp_path: Path, *overrides: str):
     (tmp_path / "train.txt").write_text("\n".join(TRAIN[:8]))
     (tmp_path / "heldout.txt").write_text("\n".join(HELDOUT[:2]))
-    text = (SPEECH_YAML.replace("RUN_DIR", str(tmp_path / "run")).replace("TRAIN_FILE", str(tmp_path / "train.txt"))
-            .replace("HELDOUT_FILE", str(tmp_path / "heldout.txt")))
+    text = (
+        SPEECH_YAML.replace("RUN_DIR", str(tmp_path / "run"))
+        .replace("TRAIN_FILE", str(tmp_path / "train.txt"))
+        .replace("HELDOUT_FILE", str(tmp_path / "heldout.txt"))
+    )
     path = tmp_path / "speech.yaml"
     path.write_text(text)
     return resolve_config(load_config(path, list(overrides)), PluginManager())
 
 
 def test_an_image_reward_fails_at_config_time(tmp_path):
-    with pytest.raises(ConfigError, match="reward 'shapes_verifier' scores image, but backbone 'speech_enhancement' makes "
-                                          "audio: choose one of clap, dnsmos, estoi, pesq, si_sdr"):
+    with pytest.raises(
+        ConfigError,
+        match="reward 'shapes_verifier' scores image, but backbone 'speech_enhancement' makes "
+        "audio: choose one of clap, dnsmos, estoi, pesq, si_sdr",
+    ):
         speech_config(tmp_path, "rewards.0.name=shapes_verifier")
 
 
@@ -256,7 +302,15 @@ def test_the_same_trainer_trains_the_enhancer_and_writes_clips_and_spectrograms(
     run = tmp_path / "run"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert "eval/pesq" in metrics[0] and "eval/gold/si_sdr" in metrics[0] and "monitor/hacking" in metrics[-1]
-    for made in ("before.png", "after.png", "compare.png", "before/00.wav", "after/01.wav", "noisy/00.wav", "clean/01.wav"):
+    for made in (
+        "before.png",
+        "after.png",
+        "compare.png",
+        "before/00.wav",
+        "after/01.wav",
+        "noisy/00.wav",
+        "clean/01.wav",
+    ):
         assert (run / "samples" / made).is_file(), made
     wave, rate = read_wav(run / "samples" / "clean" / "00.wav")
     assert rate == 16000 and wave.shape == (1, CLIP_SAMPLES)

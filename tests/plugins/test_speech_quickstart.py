@@ -21,8 +21,13 @@ REWARDED = ("pesq", "estoi", "dnsmos")
 def test_speech_quickstart_raises_every_heldout_metric(tmp_path):
     run = tmp_path / "speech"
     gyremedia("train", "speech_quickstart", f"run.output_dir={run}", timeout=1200)
-    for made in ("samples/compare.png", "samples/before/00.wav", "samples/after/00.wav", "reward_curve.png",
-                 "pipeline/unet/config.json"):
+    for made in (
+        "samples/compare.png",
+        "samples/before/00.wav",
+        "samples/after/00.wav",
+        "reward_curve.png",
+        "pipeline/unet/config.json",
+    ):
         assert (run / made).is_file(), made
 
     changes = json.loads((run / "heldout_changes.json").read_text())

@@ -21,8 +21,9 @@ from gyremedia_rewards.vlm_judge import PRESETS, JudgeReplyError, VlmJudge, VlmJ
 
 @pytest.fixture(scope="module")
 def server():
-    process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("judge_server.py"))],
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("judge_server.py"))], stdout=subprocess.PIPE, text=True
+    )
     port = int(process.stdout.readline())
     yield f"http://127.0.0.1:{port}"
     process.kill()
@@ -60,8 +61,9 @@ def test_server_errors_and_rate_limits_are_retried(server):
 
 def test_unparseable_and_slow_replies_become_nan_after_retries(server):
     start = time.perf_counter()
-    scores = judge(server, max_retries=1, request_timeout=0.5)(grey(0.5, 0.5, 0.5),
-                                                               ["garbage reply", "a slow judge", "fine"])["score"]
+    scores = judge(server, max_retries=1, request_timeout=0.5)(
+        grey(0.5, 0.5, 0.5), ["garbage reply", "a slow judge", "fine"]
+    )["score"]
     assert scores[0].isnan() and scores[1].isnan() and scores[2] == pytest.approx(0.5, abs=0.011)
     assert time.perf_counter() - start < 3  # two timed-out attempts, not the server's 3 s sleeps
 
@@ -70,7 +72,9 @@ def test_failure_policy_decides_what_a_bad_reply_does(server):
     reward = judge(server, max_retries=0)
     prompts = ["fine", "garbage again"]
     for policy in ("fail", "drop"):
-        scorer = Scorer([Selected("reward", "vlm_judge", None, RewardSettings(on_failure=policy))], {"vlm_judge": reward})
+        scorer = Scorer(
+            [Selected("reward", "vlm_judge", None, RewardSettings(on_failure=policy))], {"vlm_judge": reward}
+        )
         futures = scorer.submit(grey(0.4, 0.4), prompts)
         if policy == "fail":
             with pytest.raises(RewardError, match="on prompt 'garbage again': 'score' is nan"):
@@ -86,7 +90,9 @@ def test_a_refused_request_is_not_retried_and_says_why(server):
 
 
 def test_unreachable_server_gives_nan_not_zero():
-    reward = VlmJudge(VlmJudgeOptions(base_url="http://127.0.0.1:9/v1", max_retries=1, backoff=0.01, request_timeout=0.5))
+    reward = VlmJudge(
+        VlmJudgeOptions(base_url="http://127.0.0.1:9/v1", max_retries=1, backoff=0.01, request_timeout=0.5)
+    )
     assert reward(grey(0.5), ["anything"])["score"].isnan().all()
 
 
@@ -100,17 +106,24 @@ def test_text_answers_are_judged_as_an_llm_judge(server):
     torch.testing.assert_close(scores, torch.tensor([0.3, 0.7]), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("url,env,extra,error", [
-    ("http://127.0.0.1:8000/v1", {}, {}, None),  # a keyless local server stays the default
-    ("http://localhost:8000/v1", {"OPENAI_API_KEY": "k"}, {}, None),
-    ("https://judge.example.com/v1", {}, {}, None),  # a missing key is the run's problem (below), not the config's
-    ("https://judge.example.com/v1", {"OPENAI_API_KEY": "k"}, {}, None),
-    ("http://10.1.2.3:8000/v1", {"OPENAI_API_KEY": "k"}, {},
-     "base_url='http://10.1.2.3:8000/v1': http://10.1.2.3:8000/v1 would send the key in OPENAI_API_KEY unencrypted to "
-     "another machine: use https://, or set allow_insecure_key: true"),
-    ("http://10.1.2.3:8000/v1", {"OPENAI_API_KEY": "k"}, {"allow_insecure_key": True}, None),
-    ("http://judge-node:8000/v1", {}, {"api_key_env": ""}, None),  # a server elsewhere that takes no key
-])
+@pytest.mark.parametrize(
+    "url,env,extra,error",
+    [
+        ("http://127.0.0.1:8000/v1", {}, {}, None),  # a keyless local server stays the default
+        ("http://localhost:8000/v1", {"OPENAI_API_KEY": "k"}, {}, None),
+        ("https://judge.example.com/v1", {}, {}, None),  # a missing key is the run's problem (below), not the config's
+        ("https://judge.example.com/v1", {"OPENAI_API_KEY": "k"}, {}, None),
+        (
+            "http://10.1.2.3:8000/v1",
+            {"OPENAI_API_KEY": "k"},
+            {},
+            "base_url='http://10.1.2.3:8000/v1': http://10.1.2.3:8000/v1 would send the key in OPENAI_API_KEY unencrypted to "
+            "another machine: use https://, or set allow_insecure_key: true",
+        ),
+        ("http://10.1.2.3:8000/v1", {"OPENAI_API_KEY": "k"}, {"allow_insecure_key": True}, None),
+        ("http://judge-node:8000/v1", {}, {"api_key_env": ""}, None),  # a server elsewhere that takes no key
+    ],
+)
 def test_the_key_goes_only_over_https_or_to_loopback(monkeypatch, url, env, extra, error):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     for key, value in env.items():
@@ -164,9 +177,12 @@ def test_the_key_is_not_forwarded_when_the_judge_redirects_to_another_host(monke
     finally:
         first.shutdown()
         other.shutdown()
-    assert seen == [("127.0.0.1", "/v1/redirect-away", "Bearer secret"), ("127.0.0.2", "/v1/chat/completions", None),
-                    ("127.0.0.1", "/v1/redirect-here", "Bearer secret"),
-                    ("127.0.0.1", "/v1/chat/completions", "Bearer secret")]
+    assert seen == [
+        ("127.0.0.1", "/v1/redirect-away", "Bearer secret"),
+        ("127.0.0.2", "/v1/chat/completions", None),
+        ("127.0.0.1", "/v1/redirect-here", "Bearer secret"),
+        ("127.0.0.1", "/v1/chat/completions", "Bearer secret"),
+    ]
 
 
 def refuse_builds(monkeypatch, when: str) -> None:
@@ -195,7 +211,8 @@ def test_a_run_with_a_remote_judge_and_no_key_stops_before_any_model_loads(make_
     assert str(info.value) == (
         "rewards.0.api_key_env='OPENAI_API_KEY': OPENAI_API_KEY is not set, and base_url=https://judge.example.com/v1 "
         "is not on this machine: export OPENAI_API_KEY=<key> before the run, or set api_key_env to '' for a server "
-        "that takes no key")
+        "that takes no key"
+    )
     monkeypatch.setenv("OPENAI_API_KEY", "k")
     with pytest.raises(AssertionError, match="a component was built"):  # with the key, setup goes on to build
         Trainer(config, PluginManager()).setup()
@@ -216,7 +233,8 @@ UNIFIED_REWARD_QUESTION = (
     "format: 'element (type): value' (where value=0 means not generated, and value=1 means generated), and assign a "
     "score from 1 to 5 after 'Final Score:'.\n"
     "Your task is provided as follows:\n"
-    "Text Caption: [a cat on a mat]")
+    "Text Caption: [a cat on a mat]"
+)
 FLOW_GRPO_QUESTION = (
     "<image>\n"
     "You are given a text caption and a generated image based on that caption. Your task is to evaluate this image "
@@ -227,7 +245,8 @@ FLOW_GRPO_QUESTION = (
     "accuracy, and overall aesthetic appeal.\n"
     "Based on the above criteria, assign a score from 1 to 5 after 'Final Score:'.\n"
     "Your task is provided as follows:\n"
-    "Text Caption: [a cat on a mat]")
+    "Text Caption: [a cat on a mat]"
+)
 
 
 def received(server: str) -> dict:
@@ -238,15 +257,23 @@ def received(server: str) -> dict:
 def test_without_a_preset_the_judge_is_the_generic_one_it_was():
     options = VlmJudgeOptions()
     assert (options.preset, options.model, options.score_pattern, options.max_score, options.max_tokens) == (
-        "none", "Qwen/Qwen2.5-VL-7B-Instruct", r"-?\d+(?:\.\d+)?", 10.0, 16)
+        "none",
+        "Qwen/Qwen2.5-VL-7B-Instruct",
+        r"-?\d+(?:\.\d+)?",
+        10.0,
+        16,
+    )
     assert options.rubric.startswith('Does this image match the description: "{prompt}"?')
     assert options.text_rubric.startswith("Here is a request and an answer to it.")
 
 
-@pytest.mark.parametrize("preset,model,question", [
-    ("unified_reward", "CodeGoat24/UnifiedReward-qwen-7b", UNIFIED_REWARD_QUESTION),
-    ("unified_reward_flow_grpo", "CodeGoat24/UnifiedReward-7b-v1.5", FLOW_GRPO_QUESTION),
-])
+@pytest.mark.parametrize(
+    "preset,model,question",
+    [
+        ("unified_reward", "CodeGoat24/UnifiedReward-qwen-7b", UNIFIED_REWARD_QUESTION),
+        ("unified_reward_flow_grpo", "CodeGoat24/UnifiedReward-7b-v1.5", FLOW_GRPO_QUESTION),
+    ],
+)
 def test_a_unified_reward_preset_asks_its_question_beside_the_image_and_reads_the_final_score(preset, model, question):
     options = VlmJudgeOptions(preset=preset)
     assert (options.model, options.max_score, options.max_tokens, options.text_rubric) == (model, 5.0, 512, None)
@@ -276,10 +303,14 @@ def test_a_unified_reward_judge_scores_over_http_and_a_reply_without_a_final_sco
 
 
 def test_keys_the_yaml_sets_win_over_the_preset():
-    options = VlmJudgeOptions(preset="unified_reward", model="UnifiedReward", max_tokens=1024,
-                              score_pattern=r"Final Score:\s*(\d+(?:\.\d+)?)")
+    options = VlmJudgeOptions(
+        preset="unified_reward", model="UnifiedReward", max_tokens=1024, score_pattern=r"Final Score:\s*(\d+(?:\.\d+)?)"
+    )
     assert (options.model, options.max_tokens, options.score_pattern) == (
-        "UnifiedReward", 1024, r"Final Score:\s*(\d+(?:\.\d+)?)")
+        "UnifiedReward",
+        1024,
+        r"Final Score:\s*(\d+(?:\.\d+)?)",
+    )
     assert options.rubric == PRESETS["unified_reward"].rubric and options.max_score == 5.0
 
 
@@ -287,10 +318,13 @@ def test_a_preset_refuses_the_generic_question_left_over_from_a_saved_config():
     generic = VlmJudgeOptions()
     errors = validate(VlmJudgeOptions(preset="unified_reward", rubric=generic.rubric))
     assert len(errors) == 1 and errors[0].startswith("rubric='Does this image match")
-    assert errors[0].endswith(": is preset none's rubric, which preset 'unified_reward' replaces with its own: leave "
-                              "rubric out (a config saved before the preset was chosen holds it), or set preset: none")
-    assert validate(VlmJudgeOptions(preset="unified_reward", max_score=10.0))[0].startswith("max_score=10.0: is preset "
-                                                                                             "none's max_score")
+    assert errors[0].endswith(
+        ": is preset none's rubric, which preset 'unified_reward' replaces with its own: leave "
+        "rubric out (a config saved before the preset was chosen holds it), or set preset: none"
+    )
+    assert validate(VlmJudgeOptions(preset="unified_reward", max_score=10.0))[0].startswith(
+        "max_score=10.0: is preset none's max_score"
+    )
 
 
 def test_the_resolved_config_holds_the_presets_values_and_resolves_to_itself(make_config, tmp_path):
@@ -310,8 +344,10 @@ def test_the_resolved_config_holds_the_presets_values_and_resolves_to_itself(mak
 def test_an_unknown_preset_names_the_choices(make_config):
     from gyremedia.config import ConfigError
 
-    with pytest.raises(ConfigError, match="rewards.0.preset='unifiedreward': expected one of none, unified_reward, "
-                                          "unified_reward_flow_grpo"):
+    with pytest.raises(
+        ConfigError,
+        match="rewards.0.preset='unifiedreward': expected one of none, unified_reward, unified_reward_flow_grpo",
+    ):
         make_config("rewards=[{name: vlm_judge, preset: unifiedreward}]")
 
 
@@ -327,5 +363,7 @@ def test_a_unified_reward_preset_refuses_text_before_any_model_loads(make_llm_co
     refuse_builds(monkeypatch, "before the preset was checked")
     with pytest.raises(ConfigError) as info:
         Trainer(config, PluginManager()).setup()
-    assert str(info.value) == ("rewards.0.preset='unified_reward': judges images, but backbone 'causal_lm' makes text: "
-                               "use preset: none (its text_rubric), or set text_rubric, score_pattern and max_score")
+    assert str(info.value) == (
+        "rewards.0.preset='unified_reward': judges images, but backbone 'causal_lm' makes text: "
+        "use preset: none (its text_rubric), or set text_rubric, score_pattern and max_score"
+    )

@@ -58,8 +58,12 @@ def test_steps_outside_the_window_are_ode_steps_without_log_probs():
 
 
 def test_grpo_trains_only_inside_the_window(make_config):
-    config = make_config("sampler={name: window, size: 1, schedule: progressive, shift_every: 1}", "train.steps=3",
-                         "rollout.num_steps=4", "objective.timestep_fraction=1.0")
+    config = make_config(
+        "sampler={name: window, size: 1, schedule: progressive, shift_every: 1}",
+        "train.steps=3",
+        "rollout.num_steps=4",
+        "objective.timestep_fraction=1.0",
+    )
     state = Trainer(config, PluginManager()).train()
     # 4 steps: the window may sit at index 0 or 1 (never the last two); training step 2 rolled back to 0
     log_probs = state.rollout.log_probs

@@ -21,10 +21,26 @@ from gyremedia.trainer import Trainer
 from gyremedia_samplers.ode import EulerODESampler
 from gyremedia_world.backbone import TinyWorldOptions, VideoWorldBackbone, VideoWorldOptions
 from gyremedia_world.compare import compare
-from gyremedia_world.env import (ACTIONS, AGENT_COLOURS, FRAME, Episode, WorldState, parse_prompt, random_episodes, render,
-                                 start_state, transitions)
-from gyremedia_world.rewards import (FidelityOptions, FidelityReward, InverseDynamicsOptions, InverseDynamicsReward,
-                                     psnr, ssim)
+from gyremedia_world.env import (
+    ACTIONS,
+    AGENT_COLOURS,
+    FRAME,
+    Episode,
+    WorldState,
+    parse_prompt,
+    random_episodes,
+    render,
+    start_state,
+    transitions,
+)
+from gyremedia_world.rewards import (
+    FidelityOptions,
+    FidelityReward,
+    InverseDynamicsOptions,
+    InverseDynamicsReward,
+    psnr,
+    ssim,
+)
 
 CPU = BuildContext(device=torch.device("cpu"))
 
@@ -35,8 +51,9 @@ def clips(episodes: list[Episode]) -> Media:
 
 
 def tiny_world(**options) -> VideoWorldBackbone:
-    return VideoWorldBackbone(VideoWorldOptions(tiny=TinyWorldOptions(num_layers=1, attention_head_dim=8, ffn_dim=16),
-                                                **options), CPU)
+    return VideoWorldBackbone(
+        VideoWorldOptions(tiny=TinyWorldOptions(num_layers=1, attention_head_dim=8, ffn_dim=16), **options), CPU
+    )
 
 
 # ---------------------------------------------------------------------------- the world
@@ -109,7 +126,9 @@ def test_fidelity_is_perfect_on_the_truth_and_falls_with_corruption():
     perfect = reward(clips(episodes), prompts)
     assert torch.allclose(perfect["ssim"], torch.ones(8), atol=1e-4) and torch.all(perfect["psnr"] == 50)
     noisy = clips(episodes)
-    noisy.data = (noisy.data + 0.1 * torch.randn(noisy.data.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    noisy.data = (noisy.data + 0.1 * torch.randn(noisy.data.shape, generator=torch.Generator().manual_seed(0))).clamp(
+        0, 1
+    )
     corrupted = reward(noisy, prompts)
     assert torch.all(corrupted["ssim"] < 0.9) and torch.all(corrupted["psnr"] < 25)
     # one frame too late: the agent is in the wrong place
@@ -123,7 +142,11 @@ def test_psnr_and_ssim_match_their_definitions():
     b = (a + 0.05).clamp(0, 1)
     mse = ((a - b) ** 2).flatten(1).mean(1)
     assert torch.allclose(psnr(a, b), 10 * torch.log10(1 / mse))
-    assert torch.allclose(ssim(a, b), ssim(b, a)) and torch.all(ssim(a, b) < 1) and torch.allclose(ssim(a, a), torch.ones(4))
+    assert (
+        torch.allclose(ssim(a, b), ssim(b, a))
+        and torch.all(ssim(a, b) < 1)
+        and torch.allclose(ssim(a, a), torch.ones(4))
+    )
 
 
 # ---------------------------------------------------------------------------- backbone
@@ -142,7 +165,9 @@ def test_a_group_shares_its_context_and_each_frame_gets_its_action():
     media = backbone.decode(x)
     assert media.kind == "video" and media.data.shape == (3, 4, 3, FRAME, FRAME) and media.meta["fps"] == 4
     changed = dict(conditions, actions=conditions["actions"].flip(1))
-    assert not torch.allclose(backbone.predict(x, torch.tensor(0.5), changed), backbone.predict(x, torch.tensor(0.5), conditions))
+    assert not torch.allclose(
+        backbone.predict(x, torch.tensor(0.5), changed), backbone.predict(x, torch.tensor(0.5), conditions)
+    )
     with pytest.raises(ValueError, match="clips of 4 frames"):
         backbone.encode(["episode 4: up up"])
     with pytest.raises(ValueError, match="rollout.guidance_scale=1"):
@@ -153,13 +178,18 @@ def test_generated_clips_become_the_next_clips_context():
     backbone = tiny_world()
     seen = []
     predict = backbone.predict
-    backbone.predict = lambda x, sigma, conditions, *a, **k: seen.append(conditions) or predict(x, sigma, conditions, *a, **k)
+    backbone.predict = lambda x, sigma, conditions, *a, **k: (
+        seen.append(conditions) or predict(x, sigma, conditions, *a, **k)
+    )
     context = backbone.encode(["episode 2: up up up up"])["context"]
-    video = backbone.generate_clips(EulerODESampler(), context, torch.tensor([[1, 1, 1, 1, 2, 2, 2, 2]]), seed=0,
-                                    ids=[0], num_steps=2)
+    video = backbone.generate_clips(
+        EulerODESampler(), context, torch.tensor([[1, 1, 1, 1, 2, 2, 2, 2]]), seed=0, ids=[0], num_steps=2
+    )
     assert video.shape == (1, 8, 3, FRAME, FRAME)
     assert torch.equal(seen[0]["context"], context) and seen[0]["actions"].tolist() == [[1, 1, 1, 1]]
-    assert torch.allclose((seen[2]["context"] + 1) / 2, video[:, 3].clamp(0, 1)) and seen[2]["actions"].tolist() == [[2, 2, 2, 2]]
+    assert torch.allclose((seen[2]["context"] + 1) / 2, video[:, 3].clamp(0, 1)) and seen[2]["actions"].tolist() == [
+        [2, 2, 2, 2]
+    ]
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
@@ -174,8 +204,11 @@ def test_export_reloads_the_same_model(tmp_path, lora):
     conditions = backbone.encode(["episode 1: left left up down"])
     x = backbone.sample_noise([torch.Generator().manual_seed(0)])
     with torch.no_grad():
-        assert torch.allclose(backbone.predict(x, torch.tensor(0.3), conditions),
-                              reloaded.predict(x, torch.tensor(0.3), conditions), atol=1e-5)
+        assert torch.allclose(
+            backbone.predict(x, torch.tensor(0.3), conditions),
+            reloaded.predict(x, torch.tensor(0.3), conditions),
+            atol=1e-5,
+        )
     assert json.loads((tmp_path / "out" / "world.json").read_text())["clip_frames"] == 4
     with pytest.raises(FileNotFoundError, match="python -m gyremedia_world.pretrain"):
         VideoWorldBackbone(VideoWorldOptions(pretrained=str(tmp_path)), CPU)
@@ -205,8 +238,11 @@ def world_config(tmp_path, *overrides):
 
 
 def test_a_reward_for_another_media_kind_fails_at_config_time(tmp_path):
-    with pytest.raises(ConfigError, match="reward 'shapes_verifier' scores image, but backbone 'video_world' makes "
-                                          "video: choose one of inverse_dynamics, jpeg_compressibility, videoalign, world_fidelity"):
+    with pytest.raises(
+        ConfigError,
+        match="reward 'shapes_verifier' scores image, but backbone 'video_world' makes "
+        "video: choose one of inverse_dynamics, jpeg_compressibility, videoalign, world_fidelity",
+    ):
         world_config(tmp_path, "rewards.0.name=shapes_verifier")
     with pytest.raises(ConfigError, match="monitor.gold.0: reward 'clip_score' scores image"):
         world_config(tmp_path, "monitor.gold=[clip_score]")
@@ -215,7 +251,10 @@ def test_a_reward_for_another_media_kind_fails_at_config_time(tmp_path):
 @pytest.mark.parametrize("name", ["world_model_quickstart", "world_model_grpo"])
 def test_the_world_model_configs_resolve(name):
     config = resolve_config(load_config(str(bundled_config(f"{name}.yaml")), []), PluginManager())
-    assert config.backbone.name == "video_world" and [r.name for r in config.rewards] == ["inverse_dynamics", "world_fidelity"]
+    assert config.backbone.name == "video_world" and [r.name for r in config.rewards] == [
+        "inverse_dynamics",
+        "world_fidelity",
+    ]
 
 
 @pytest.mark.parametrize("objective", ["grpo", "nft"])
@@ -233,7 +272,11 @@ def test_the_same_trainer_trains_the_world_model_and_saves_gifs(tmp_path, object
     assert (run / "pipeline" / "transformer" / "config.json").is_file()
     assert main(["eval", str(run), "--json"]) == 0
     report = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert report["metric"] == "inverse_dynamics/accuracy" and set(report["base"]) == {"accuracy", "log_likelihood", "diversity"}
+    assert report["metric"] == "inverse_dynamics/accuracy" and set(report["base"]) == {
+        "accuracy",
+        "log_likelihood",
+        "diversity",
+    }
     assert set(report["gold"]) == {"world_fidelity", "world_fidelity/psnr", "world_fidelity/ssim"}
     if objective == "grpo":  # long autoregressive rollouts of the base and trained models
         report = compare(run, clips=2, episodes=3)

@@ -88,9 +88,15 @@ def test_one_run_calls_the_stages_in_order(make_config):
     evaluation = ["evaluate:{}", "eval_preference", "after_eval"]
     assert observer.calls == [
         *(e.format(0) for e in evaluation),
-        "prepare_request", "collect_rollout", "score_rollout", "compute_advantages", "group_statistics", "update",
+        "prepare_request",
+        "collect_rollout",
+        "score_rollout",
+        "compute_advantages",
+        "group_statistics",
+        "update",
         *(e.format(1) for e in evaluation),
-        "save_checkpoint", "finish",
+        "save_checkpoint",
+        "finish",
     ]
 
 

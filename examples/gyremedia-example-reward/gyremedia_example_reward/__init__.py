@@ -37,5 +37,9 @@ class Colorfulness:
 
 @hookimpl
 def gyremedia_register_rewards(register):
-    register("colorfulness", Colorfulness, options=ColorfulnessOptions,
-             description="Hasler-Suesstrunk colourfulness (example third-party plugin)")
+    register(
+        "colorfulness",
+        Colorfulness,
+        options=ColorfulnessOptions,
+        description="Hasler-Suesstrunk colourfulness (example third-party plugin)",
+    )
