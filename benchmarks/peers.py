@@ -73,7 +73,7 @@ from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager
 from gyremedia.rollout import Media, Rollout
 from gyremedia.sampling import sample_trajectories
-from gyremedia.streams import Stream, sample_generators
+from gyremedia.runtime.streams import Stream, sample_generators
 from gyremedia.trainer import Trainer
 
 QUICKSTART_GRPO = Path(__file__).resolve().parents[1] / "configs" / "quickstart_grpo.yaml"

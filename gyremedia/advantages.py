@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from gyremedia.distributed import gather_by_sample
+from gyremedia.runtime.distributed import gather_by_sample
 
 
 def group_advantages(

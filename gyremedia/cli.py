@@ -59,7 +59,7 @@ def _split_args(values: list[str]) -> tuple[str | None, list[str]]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from gyremedia.runs import quiet_libraries, run_config
+    from gyremedia.runtime.runs import quiet_libraries, run_config
     from gyremedia.trainer import Trainer
 
     pm = PluginManager()
@@ -84,7 +84,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Held-out score of the base model and of the trained one: same prompts, same seeds."""
-    from gyremedia import evaluation, runs
+    from gyremedia import evaluation
+    from gyremedia.runtime import runs
 
     pm = PluginManager()
     config = runs.run_config(Path(args.run_dir), args.overrides, pm)
@@ -183,7 +184,7 @@ def _print_eval_report(report: dict[str, Any], results: dict[str, Any], key: str
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the trained generator where its library's stock loader reads it."""
-    from gyremedia import runs
+    from gyremedia.runtime import runs
 
     pm = PluginManager()
     config = runs.run_config(Path(args.run_dir), [], pm)
@@ -350,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve-reward":  # in a reward's own environment, which may lack what training imports
         return _one_line_errors(args, (ConfigError, PluginError))
-    from gyremedia.checkpoint import CheckpointError
-    from gyremedia.distributed import FailedElsewhere
+    from gyremedia.runtime.checkpoint import CheckpointError
+    from gyremedia.runtime.distributed import FailedElsewhere
     from gyremedia.scoring import RewardError
     from gyremedia.trainer import Interrupted, NonFiniteLoss
 
@@ -386,7 +387,7 @@ def exit_cleanly(code: int) -> None:
     without the teardown, once its output is flushed."""
     import torch.distributed
 
-    from gyremedia.threads import wait_for_background
+    from gyremedia.runtime.threads import wait_for_background
 
     settled = wait_for_background(timeout=10.0)
     if settled and not (torch.distributed.is_available() and torch.distributed.is_initialized()):

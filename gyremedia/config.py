@@ -143,7 +143,7 @@ class TrainSection:
     # not finite (the weights and checkpoints stay finite); "skip" drops that update and counts it
     # (metric train/nonfinite_skipped).
     on_nonfinite: Literal["stop", "skip"] = option("stop", help="what a NaN/inf loss or gradient does")
-    # FSDP2 (torch fully_shard per transformer block; gyremedia/sharding.py): each process holds a shard of
+    # FSDP2 (torch fully_shard per transformer block; gyremedia/runtime/sharding.py): each process holds a shard of
     # the weights, gradients and optimizer state. "auto" shards when launched with accelerate's FSDP config.
     sharding: Literal["auto", "none", "fsdp2"] = option("auto", help="shard the trained model over the processes")
     # bf16 autocast for every forward with fp32 master weights (LoRA: bf16 frozen base weights, fp32 adapters);

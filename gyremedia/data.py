@@ -19,7 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from gyremedia.streams import Stream, stream_rng
+from gyremedia.runtime.streams import Stream, stream_rng
 
 RECORD_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 

@@ -108,7 +108,7 @@ def score(
 
 
 def selected_rewards(config: ResolvedConfig) -> list[Selected]:
-    """The run's rewards and its gold rewards (named ``gold/<name>``, as :func:`gyremedia.runs.build_scoring`
+    """The run's rewards and its gold rewards (named ``gold/<name>``, as :func:`gyremedia.runtime.runs.build_scoring`
     builds them), with their failure policies."""
     return [*config.rewards, *(dataclasses.replace(s, name=f"gold/{s.name}") for s in config.gold_rewards)]
 

@@ -14,7 +14,7 @@ import torch
 
 from gyremedia.interfaces import DenoisingBackbone, ObjectiveContext, Sampler, Transition
 from gyremedia.rollout import Rollout
-from gyremedia.streams import sample_generators  # noqa: F401 - re-exported: samplers and backbones draw with it
+from gyremedia.runtime.streams import sample_generators  # noqa: F401 - re-exported: samplers and backbones draw with it
 
 
 def per_sample(value: torch.Tensor, states: torch.Tensor) -> torch.Tensor:

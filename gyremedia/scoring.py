@@ -24,7 +24,7 @@ import torch
 from gyremedia.config import Selected
 from gyremedia.interfaces import reward_components
 from gyremedia.rollout import Media
-from gyremedia.threads import in_own_thread
+from gyremedia.runtime.threads import in_own_thread
 
 logger = logging.getLogger("gyremedia")
 

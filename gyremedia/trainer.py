@@ -17,16 +17,16 @@ from typing import Any, cast
 import torch
 from tqdm.auto import tqdm
 
-from gyremedia import checkpoint as ckpt
+from gyremedia.runtime import checkpoint as ckpt
 from gyremedia import evaluation
 from gyremedia.config import ConfigError, ResolvedConfig
-from gyremedia.distributed import any_rank, raise_together
+from gyremedia.runtime.distributed import any_rank, raise_together
 from gyremedia.interfaces import BuildContext, Compilable, Shardable
 from gyremedia.registry import PluginHost
 from gyremedia.rollout import Rollout
-from gyremedia.runs import RESOLVED_CONFIG
+from gyremedia.runtime.runs import RESOLVED_CONFIG
 from gyremedia.scoring import RewardError  # noqa: F401 - part of this module's API
-from gyremedia.signals import Interrupted, StopSignals
+from gyremedia.runtime.signals import Interrupted, StopSignals
 from gyremedia.stages import build, checkpointing, finish, rollout, scoring
 from gyremedia.stages.build import check_process_layout, resolve_sharding  # noqa: F401 - part of this module's API
 from gyremedia.stages.update import NonFiniteLoss  # noqa: F401 - part of this module's API

@@ -16,7 +16,7 @@ import torch
 
 from gyremedia.interfaces import DenoisingBackbone, Sampler
 from gyremedia.sampling import noise_like
-from gyremedia.streams import Stream, sample_generators
+from gyremedia.runtime.streams import Stream, sample_generators
 
 
 @dataclass

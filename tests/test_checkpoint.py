@@ -8,11 +8,11 @@ import logging
 
 import pytest
 
-from gyremedia import checkpoint
-from gyremedia.checkpoint import CheckpointError, list_checkpoints
+from gyremedia.runtime import checkpoint
+from gyremedia.runtime.checkpoint import CheckpointError, list_checkpoints
 from gyremedia.config import ConfigError
 from gyremedia.plugins import PluginManager
-from gyremedia.runs import run_config
+from gyremedia.runtime.runs import run_config
 from gyremedia.trainer import Trainer
 
 

@@ -266,7 +266,7 @@ def test_a_token_policy_on_two_processes_matches_one(llm_yaml, tmp_path):
 def test_a_reward_failing_on_one_process_stops_every_process_with_the_reward_named(tiny_yaml, tmp_path):
     """Rank 1's reward raises at step 2: both processes exit non-zero within a minute, each naming the reward, and
     the checkpoint of step 2 (the last finished step) is intact."""
-    from gyremedia.checkpoint import latest_checkpoint, list_checkpoints
+    from gyremedia.runtime.checkpoint import latest_checkpoint, list_checkpoints
 
     run = tmp_path / "run"
     command = [

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from gyremedia import checkpoint as ckpt
+from gyremedia.runtime import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "gyremedia-example-stage"

@@ -12,7 +12,7 @@ import torch
 
 from gyremedia.cli import main
 from gyremedia.plugins import PluginManager
-from gyremedia.runs import build_backbone, load_trained_weights, run_config
+from gyremedia.runtime.runs import build_backbone, load_trained_weights, run_config
 from gyremedia_samplers.ode import EulerODESampler
 
 GENERATE = """
@@ -127,7 +127,7 @@ def test_a_sigterm_during_the_end_of_run_export_lets_it_finish(make_config, monk
     import logging
     import signal
 
-    from gyremedia.backbones.flow_matching import FlowMatchingBackbone
+    from gyremedia.backbones.sd3 import FlowMatchingBackbone
     from gyremedia.trainer import Trainer
 
     leaked = []

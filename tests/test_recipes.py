@@ -95,8 +95,8 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     (PickScore's classes), and a Mask2Former config folder for the GenEval detector."""
     from transformers import Mask2FormerConfig
 
-    from gyremedia.backbones.tiny_flux import TinyFluxOptions, build_tiny_flux_pipeline
-    from gyremedia.backbones.tiny_sd3 import TinySD3Options, build_tiny_sd3_pipeline
+    from gyremedia.backbones.tiny.flux import TinyFluxOptions, build_tiny_flux_pipeline
+    from gyremedia.backbones.tiny.sd3 import TinySD3Options, build_tiny_sd3_pipeline
     from gyremedia.backbones.wan import TinyWanOptions, build_tiny_wan_pipeline
 
     root = tmp_path_factory.mktemp("tiny_models")

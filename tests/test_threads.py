@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from gyremedia.threads import in_own_thread
+from gyremedia.runtime.threads import in_own_thread
 
 
 def busy_python(seconds: float) -> str:

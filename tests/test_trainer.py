@@ -12,7 +12,7 @@ from compile_checks import train_eager_and_compiled
 
 from gyremedia import hookimpl
 from gyremedia.config import ConfigError
-from gyremedia.checkpoint import latest_checkpoint, list_checkpoints
+from gyremedia.runtime.checkpoint import latest_checkpoint, list_checkpoints
 from gyremedia.cli import main
 from gyremedia.plugins import PluginManager
 from gyremedia.sampling import KeptForwards
@@ -623,7 +623,7 @@ def test_sigterm_checkpoints_the_step_exits_nonzero_and_resume_reproduces_the_ru
 def test_a_second_signal_exits_at_once(make_config, monkeypatch):
     import signal
 
-    import gyremedia.signals as signals_module
+    import gyremedia.runtime.signals as signals_module
 
     exits = []
     monkeypatch.setattr(signals_module.os, "_exit", exits.append)

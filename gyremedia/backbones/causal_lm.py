@@ -28,7 +28,7 @@ from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolic
 from gyremedia.interfaces import BuildContext, Generated, RolloutRequest
 from gyremedia.options import option, pretrained_source
 from gyremedia.rollout import Media, Rollout
-from gyremedia.streams import Stream, sample_generators
+from gyremedia.runtime.streams import Stream, sample_generators
 
 logger = logging.getLogger("gyremedia")
 

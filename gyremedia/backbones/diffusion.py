@@ -1,14 +1,14 @@
 """Diffusion text-to-image backbones on diffusers' Stable Diffusion 1.x/2.x and SDXL pipelines (UNet, epsilon or v).
 
 ``diffusion`` loads a ``StableDiffusionPipeline`` folder or hub id, ``diffusion_xl`` a
-``StableDiffusionXLPipeline`` one (or each builds its tiny replica of :mod:`gyremedia.backbones.tiny_sd`), and
+``StableDiffusionXLPipeline`` one (or each builds its tiny replica of :mod:`gyremedia.backbones.tiny.sd`), and
 trains its ``UNet2DConditionModel``, full or LoRA (adapters on the attention projections ``to_q``, ``to_k``,
 ``to_v``, ``to_out.0``); the CLIP text encoders and the VAE stay frozen. SDXL's extra conditioning is the
 stock pipeline's: the second encoder's pooled embedding and the six size numbers ``(original size, crop
 top-left, target size)``, here the trained resolution without crop, and zeros as the unconditional branch
 of guidance for an empty negative prompt (``force_zeros_for_empty_prompt``). Everything else a diffusers
 pipeline backbone shares (prompt cache, classifier-free guidance, the reference policy, checkpoints, export
-to the stock pipeline) is :mod:`gyremedia.backbones.diffusers_flow`'s.
+to the stock pipeline) is :mod:`gyremedia.backbones.diffusers_pipeline`'s.
 
 Noise convention: the scheduler's variance-preserving forward process
 ``x = sqrt(alpha_bar) x0 + sqrt(1 - alpha_bar) eps`` (``scheduler.add_noise``), with the noise level reported
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions
-from gyremedia.backbones.tiny_sd import TinySDOptions, TinySDXLOptions, build_tiny_sd_pipeline
+from gyremedia.backbones.diffusers_pipeline import DiffusersFlowPolicy, PipelineOptions
+from gyremedia.backbones.tiny.sd import TinySDOptions, TinySDXLOptions, build_tiny_sd_pipeline
 from gyremedia.interfaces import BuildContext
 from gyremedia.sampling import per_sample
 

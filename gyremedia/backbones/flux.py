@@ -1,7 +1,7 @@
 """Flow-matching text-to-image backbone on diffusers' FLUX.1 (dev, schnell and their fine-tunes).
 
-Loads a ``FluxPipeline`` folder or hub id (or builds a tiny one, :mod:`gyremedia.backbones.tiny_flux`) and
-trains its transformer (see :mod:`gyremedia.backbones.diffusers_flow` for what every diffusers flow backbone
+Loads a ``FluxPipeline`` folder or hub id (or builds a tiny one, :mod:`gyremedia.backbones.tiny.flux`) and
+trains its transformer (see :mod:`gyremedia.backbones.diffusers_pipeline` for what every diffusers flow backbone
 shares). What is FLUX's own:
 
 - The sampler's state is the VAE latent ``[16, h, w]`` as the pipeline draws its noise; the transformer sees
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions, image_size
-from gyremedia.backbones.tiny_flux import TinyFluxOptions, build_tiny_flux_pipeline
+from gyremedia.backbones.diffusers_pipeline import DiffusersFlowPolicy, PipelineOptions, image_size
+from gyremedia.backbones.tiny.flux import TinyFluxOptions, build_tiny_flux_pipeline
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import option

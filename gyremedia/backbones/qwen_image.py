@@ -1,7 +1,7 @@
 """Flow-matching text-to-image backbone on diffusers' ``QwenImagePipeline`` (Qwen-Image).
 
 Loads a Qwen-Image pipeline folder or hub id (or builds a tiny one offline, :func:`build_tiny_qwen_image_pipeline`)
-and trains its transformer (see :mod:`gyremedia.backbones.diffusers_flow` for what every diffusers flow backbone
+and trains its transformer (see :mod:`gyremedia.backbones.diffusers_pipeline` for what every diffusers flow backbone
 shares). What is Qwen-Image's own:
 
 - the state is the unpacked latent ``[C, h, w]``: ``randn`` of that shape draws the same numbers as the pipeline's
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions, unit_range
-from gyremedia.backbones.tiny_sd3 import DEFAULT_WORDS, _byte_alphabet, learn_merges
+from gyremedia.backbones.diffusers_pipeline import DiffusersFlowPolicy, PipelineOptions, unit_range
+from gyremedia.backbones.tiny.sd3 import DEFAULT_WORDS, _byte_alphabet, learn_merges
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, option

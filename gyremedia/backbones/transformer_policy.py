@@ -106,8 +106,8 @@ class TransformerPolicy:
 
     def shard(self) -> int:
         """Shard the transformer (and a frozen reference copy) over the processes, FSDP2 (see
-        :mod:`gyremedia.sharding`); returns the number of blocks each is sharded by."""
-        from gyremedia import sharding
+        :mod:`gyremedia.runtime.sharding`); returns the number of blocks each is sharded by."""
+        from gyremedia.runtime import sharding
 
         if self._extra_trainable():
             raise ValueError(
@@ -122,7 +122,7 @@ class TransformerPolicy:
     def unshard(self) -> None:
         """At the end of a sharded run, give the main process a whole transformer to export (a collective:
         every process calls it; the others keep their shards)."""
-        from gyremedia import sharding
+        from gyremedia.runtime import sharding
 
         if not self._sharded:
             return
@@ -141,7 +141,7 @@ class TransformerPolicy:
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """What a checkpoint keeps: the adapters (and extra modules) under LoRA, else every weight. Sharded,
         a collective that gives the whole of it to the main process (the others get an empty dict)."""
-        from gyremedia import sharding
+        from gyremedia.runtime import sharding
 
         state = sharding.full_state_dict(self.transformer) if self._sharded else self.transformer.state_dict()
         if self.lora_enabled and state:

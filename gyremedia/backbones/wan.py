@@ -1,7 +1,7 @@
 """Flow-matching text-to-video backbone on diffusers' Wan 2.1 family (``WanPipeline``).
 
 Loads a ``WanPipeline`` folder or hub id (Wan 2.1, or a single-transformer Wan 2.2 such as TI2V-5B), or builds
-a tiny one offline from stock parts, and trains its transformer (see :mod:`gyremedia.backbones.diffusers_flow`
+a tiny one offline from stock parts, and trains its transformer (see :mod:`gyremedia.backbones.diffusers_pipeline`
 for what every diffusers flow backbone shares). The state is one clip's latent ``[C, F_latent, h, w]``, the
 layout the pipeline draws its noise in, so the same generators give the same clip. Guidance is true
 classifier-free guidance with ``negative_prompt``, as in the pipeline.
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions, unit_range
-from gyremedia.backbones.tiny_sd3 import DEFAULT_WORDS, build_t5_tokenizer
+from gyremedia.backbones.diffusers_pipeline import DiffusersFlowPolicy, PipelineOptions, unit_range
+from gyremedia.backbones.tiny.sd3 import DEFAULT_WORDS, build_t5_tokenizer
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, option

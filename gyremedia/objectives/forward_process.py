@@ -21,7 +21,7 @@ from gyremedia.interfaces import LossOutput
 from gyremedia.options import OptionError, option
 from gyremedia.rollout import Rollout
 from gyremedia.sampling import draw_noise, per_sample, renoise
-from gyremedia.streams import Stream, sample_generators, stream_rng
+from gyremedia.runtime.streams import Stream, sample_generators, stream_rng
 
 
 @dataclass

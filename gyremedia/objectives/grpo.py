@@ -24,7 +24,7 @@ from gyremedia.rollout import Rollout
 from gyremedia.objectives.clipped_ratio import clipped, clipped_ratio_loss
 from gyremedia.options import option
 from gyremedia.sampling import replay_transition
-from gyremedia.streams import Stream, stream_rng
+from gyremedia.runtime.streams import Stream, stream_rng
 
 
 @dataclass

@@ -36,7 +36,7 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.advantages import group_advantages
-from gyremedia.distributed import to_device, to_host
+from gyremedia.runtime.distributed import to_device, to_host
 from gyremedia.options import option
 from gyremedia.interfaces import BuildContext, ObjectiveContext, Transition
 from gyremedia.objectives.grpo import GRPOObjective, GRPOOptions

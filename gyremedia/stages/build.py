@@ -132,7 +132,9 @@ def build_optimizer(state: TrainState) -> None:
     state.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
     )
-    if state.sharded:  # sharded in place, the same fully_shard calls accelerate's FSDP2 makes (gyremedia/sharding.py)
+    if (
+        state.sharded
+    ):  # sharded in place, the same fully_shard calls accelerate's FSDP2 makes (gyremedia/runtime/sharding.py)
         prepared, state.optimizer = module, optimizer
     else:
         prepared, state.optimizer = state.accelerator.prepare(module, optimizer)

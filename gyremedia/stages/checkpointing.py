@@ -8,11 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gyremedia import checkpoint as ckpt
-from gyremedia import hookimpl, sharding
+from gyremedia.runtime import checkpoint as ckpt
+from gyremedia import hookimpl
+from gyremedia.runtime import sharding
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.registry import call_each
-from gyremedia.runs import RESOLVED_CONFIG, changed_settings
+from gyremedia.runtime.runs import RESOLVED_CONFIG, changed_settings
 from gyremedia.state import TrainState
 
 logger = logging.getLogger("gyremedia")
@@ -73,7 +74,7 @@ def gyremedia_save_checkpoint(state: TrainState) -> Path:
 
 def check_resumed_settings(run_dir: Path, config: ResolvedConfig, overridden: list[str] | tuple[str, ...]) -> None:
     """Before any model loads: refuse settings that differ from those the newest checkpoint was trained with
-    (see :func:`gyremedia.runs.changed_settings`), except those ``overridden`` lets through."""
+    (see :func:`gyremedia.runtime.runs.changed_settings`), except those ``overridden`` lets through."""
     newest = ckpt.latest_checkpoint(run_dir, warn=False)
     saved = ckpt.saved_config(newest) if newest is not None else None
     source = newest

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gyremedia import evaluation, hookimpl
-from gyremedia.distributed import raise_together
+from gyremedia.runtime.distributed import raise_together
 from gyremedia.state import TrainState
 
 

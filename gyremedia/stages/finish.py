@@ -12,7 +12,7 @@ import torch
 from gyremedia import evaluation, hookimpl
 from gyremedia.interfaces import Shardable
 from gyremedia.media_io import plot_metrics
-from gyremedia.runs import CHANGES_FILE, EXPORT_DIR, export_whole
+from gyremedia.runtime.runs import CHANGES_FILE, EXPORT_DIR, export_whole
 from gyremedia.state import TrainState
 
 logger = logging.getLogger("gyremedia")

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from gyremedia import checkpoint as ckpt
+from gyremedia.runtime import checkpoint as ckpt
 from gyremedia import hookimpl
-from gyremedia.distributed import average_gradients, host_floats, means_over_ranks
+from gyremedia.runtime.distributed import average_gradients, host_floats, means_over_ranks
 from gyremedia.interfaces import LossOutput, ObjectiveContext
 from gyremedia.rollout import Rollout
 from gyremedia.sampling import KeptForwards

@@ -22,7 +22,7 @@ from gyremedia.config import ResolvedConfig
 from gyremedia.interfaces import BuildContext, RolloutRequest
 from gyremedia.media_io import plot_pareto_front
 from gyremedia.state import TrainState
-from gyremedia.streams import Stream, stream_rng
+from gyremedia.runtime.streams import Stream, stream_rng
 
 logger = logging.getLogger("gyremedia")
 

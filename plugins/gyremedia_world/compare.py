@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gyremedia import evaluation, runs
+from gyremedia import evaluation
+from gyremedia.runtime import runs
 from gyremedia.config import asset_path
 from gyremedia.media_io import save_video_grid
 from gyremedia.plugins import PluginManager

@@ -15,7 +15,7 @@ import pytest
 
 from gyremedia.cli import main
 from gyremedia.plugins import PluginManager
-from gyremedia.runs import build_backbone, load_trained_weights, run_config
+from gyremedia.runtime.runs import build_backbone, load_trained_weights, run_config
 from backbone_checks import ode_samples
 from gyremedia_samplers.ddim import DDIMEtaOptions, DDIMEtaSampler
 

@@ -117,7 +117,7 @@ def test_a_zero_terminal_snr_schedule_starts_from_pure_noise_where_the_unet_is_d
     x, conditions = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0)), backbone.encode(PROMPTS)
     v = backbone.predict(x, sigmas[0], conditions)  # at pure noise v = -x0
     torch.testing.assert_close(backbone.flow_velocity(x, torch.ones(2), conditions), x + v, atol=1e-5, rtol=0)
-    from gyremedia.backbones.tiny_sd import TinySDOptions
+    from gyremedia.backbones.tiny.sd import TinySDOptions
 
     errors = [str(e) for e in validate(TinySDOptions(zero_terminal_snr=True))]  # an epsilon UNet cannot
     assert len(errors) == 1 and "zero_terminal_snr" in errors[0] and "v_prediction" in errors[0]
@@ -126,7 +126,7 @@ def test_a_zero_terminal_snr_schedule_starts_from_pure_noise_where_the_unet_is_d
 @pytest.mark.parametrize("prediction", [*PREDICTIONS, "sample"])
 def test_prediction_conversions_agree_with_add_noise(prediction):
     """``scheduler.add_noise`` states, the scheduler's own training targets, and the flow path's scaled states."""
-    from gyremedia.backbones.tiny_sd import sd_scheduler
+    from gyremedia.backbones.tiny.sd import sd_scheduler
 
     scheduler = sd_scheduler(prediction)
     g = torch.Generator().manual_seed(0)

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from gyremedia.backbones import flux
 from gyremedia.backbones.flux import FluxBackbone, FluxOptions
-from gyremedia.backbones.tiny_flux import TinyFluxOptions
+from gyremedia.backbones.tiny.flux import TinyFluxOptions
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, validate
 from gyremedia.plugins import PluginManager

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from gyremedia.backbones import flux2
 from gyremedia.backbones.flux2 import Flux2Backbone, Flux2Options
-from gyremedia.backbones.tiny_flux2 import TinyFlux2Options
+from gyremedia.backbones.tiny.flux2 import TinyFlux2Options
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, validate
 from backbone_checks import ode_samples, check_adapters_switch_off, one_thread  # noqa: F401 - an autouse fixture

@@ -163,7 +163,7 @@ def test_transition_selection_never_trains_a_deterministic_step(selection):
 def test_cps_rollouts_leave_the_deterministic_last_step_out_of_training(make_config):
     from gyremedia.plugins import PluginManager
     from gyremedia.sampling import sample_trajectories
-    from gyremedia.streams import sample_generators
+    from gyremedia.runtime.streams import sample_generators
 
     config = make_config("sampler={name: cps}")
     context = BuildContext(device=torch.device("cpu"))

@@ -12,7 +12,7 @@ from gyremedia.stages.rollout import rollout_request
 from gyremedia_features.candidates import CandidatePools, contrastive_subset
 from gyremedia.config import ConfigError
 from gyremedia.plugins import PluginManager
-from gyremedia.streams import Stream, sample_generators
+from gyremedia.runtime.streams import Stream, sample_generators
 from gyremedia.trainer import Trainer
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from safetensors.torch import load, save
 
-from gyremedia.distributed import raise_together
+from gyremedia.runtime.distributed import raise_together
 
 logger = logging.getLogger("gyremedia")
 

@@ -1,7 +1,7 @@
 """Flow-matching text-to-image backbone on diffusers' Stable Diffusion 3 family (SD3, SD3.5).
 
 Loads a ``StableDiffusion3Pipeline`` folder or hub id (or builds a tiny one from a config) and trains its
-transformer (see :mod:`gyremedia.backbones.diffusers_flow` for what every diffusers flow backbone shares).
+transformer (see :mod:`gyremedia.backbones.diffusers_pipeline` for what every diffusers flow backbone shares).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.backbones.diffusers_flow import DiffusersFlowPolicy, PipelineOptions, image_size
-from gyremedia.backbones.tiny_sd3 import TinySD3Options, build_tiny_sd3_pipeline
+from gyremedia.backbones.diffusers_pipeline import DiffusersFlowPolicy, PipelineOptions, image_size
+from gyremedia.backbones.tiny.sd3 import TinySD3Options, build_tiny_sd3_pipeline
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import option
 

@@ -15,8 +15,8 @@ from typing import Literal
 import torch
 
 from gyremedia.backbones.qwen_image import build_qwen2_tokenizer
-from gyremedia.backbones.tiny_flux import FLUX_DEV_SCHEDULER
-from gyremedia.backbones.tiny_sd3 import DEFAULT_WORDS
+from gyremedia.backbones.tiny.flux import FLUX_DEV_SCHEDULER
+from gyremedia.backbones.tiny.sd3 import DEFAULT_WORDS
 from gyremedia.options import OptionError, option
 
 # The pipelines concatenate the text encoder's hidden states after these layers (their default

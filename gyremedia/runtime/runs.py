@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from gyremedia import checkpoint as ckpt
+from gyremedia.runtime import checkpoint as ckpt
 from gyremedia.config import ConfigError, ResolvedConfig, load_config, resolve_config
 from gyremedia.interfaces import BuildContext
 from gyremedia.registry import PluginHost

@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from gyremedia.backbones.tiny_sd3 import DEFAULT_WORDS, build_clip_tokenizer, build_t5_tokenizer, build_tiny_vae
+from gyremedia.backbones.tiny.sd3 import DEFAULT_WORDS, build_clip_tokenizer, build_t5_tokenizer, build_tiny_vae
 from gyremedia.options import OptionError, option
 
 # FLUX.1's VAE latent statistics (AutoencoderKL of black-forest-labs/FLUX.1-dev)

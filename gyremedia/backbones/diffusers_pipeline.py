@@ -31,7 +31,7 @@ from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolic
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, option, pretrained_source
 from gyremedia.rollout import Media
-from gyremedia.threads import in_own_thread
+from gyremedia.runtime.threads import in_own_thread
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -250,7 +250,7 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
         encoders then run beside the denoiser instead of before it). The same per-prompt ``encode`` fills
         the cache, so the conditions are the same numbers as without it; a failure there resurfaces when
         the step itself encodes them. Prompts already cached start no thread; the thread ends with its encode
-        (a lasting one would keep an OpenMP team that slows the trainer: :func:`gyremedia.threads.in_own_thread`)."""
+        (a lasting one would keep an OpenMP team that slows the trainer: :func:`gyremedia.runtime.threads.in_own_thread`)."""
         missing = [prompt for prompt in dict.fromkeys(prompts) if prompt not in self._prompt_cache]
         if missing:
             in_own_thread(self.encode, missing, name="gyremedia-prefetch")

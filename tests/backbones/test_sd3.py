@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from gyremedia.backbones.flow_matching import FlowMatchingBackbone, FlowMatchingOptions
+from gyremedia.backbones.sd3 import FlowMatchingBackbone, FlowMatchingOptions
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, validate
 from gyremedia.plugins import PluginManager
