@@ -128,8 +128,7 @@ def measure(
     if trainer.core.train.compile:  # its hooks would be traced into the compiled graph, or break it
         raise SystemExit("overhead.py times the eager model's forwards with hooks: leave train.compile off")
     state = trainer.setup()
-    if not prefetch:
-        state.backbone.prefetch = None
+    trainer.config.backbone.meta["prefetches"] &= prefetch  # what the backbone declares, or off
     clock = StepClock(trainer.accelerator.device)
     for step in range(warmup):
         trainer.train_step(step)

@@ -181,7 +181,7 @@ def trl_trainer(
 def trl_batch(theirs, rollout, sampler_log_probs: torch.Tensor | None) -> dict:
     """The rollout through TRL's own ``_generate_and_score_completions`` (its old, reference and sampler log-probs,
     importance weights and advantages), its generation replaced by the rollout's ids and ``sampler_log_probs``."""
-    length = rollout.extras["prompt_length"]
+    length = rollout.prompt_length
     prompt_mask, mask = rollout.conditions["prompt_mask"].bool(), rollout.mask.bool()
     prompt_ids = [row[keep].tolist() for row, keep in zip(rollout.states[:, :length], prompt_mask)]
     completion_ids = [row[keep].tolist() for row, keep in zip(rollout.states[:, length:], mask)]

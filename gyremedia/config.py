@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal, cast
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from gyremedia.options import field_hint, nested_schema, option, prompts_file, validate
+from gyremedia.options import OptionError, field_hint, nested_schema, option, prompts_file, validate
 from gyremedia.registry import ALLOW_LIST_ENV, PluginError, PluginHost
 
 
@@ -105,6 +105,27 @@ class RolloutSection:
     candidate_steps: int = option(
         3, ge=1, help="denoising steps of each candidate (the eval sampler's)", owner="candidates"
     )
+
+    def validate(self) -> None:
+        """The batch holds whole groups; a tree branches at steps it has, and its leaves are its group."""
+        if self.batch_size % self.group_size:
+            lower = self.batch_size - self.batch_size % self.group_size
+            raise OptionError(
+                "batch_size",
+                f"not divisible by rollout.group_size={self.group_size}: use rollout.batch_size="
+                f"{lower or self.group_size} or {lower + self.group_size}",
+            )
+        if not self.branch_steps:
+            return
+        steps, leaves = list(self.branch_steps), self.branch_roots * self.branch_width ** len(self.branch_steps)
+        if sorted(set(steps)) != steps or not all(b < self.num_steps for b in steps):
+            raise OptionError("branch_steps", f"use increasing step indices in [0, {self.num_steps})")
+        if self.group_size != leaves:
+            raise OptionError(
+                "group_size",
+                f"{self.branch_roots} tree(s) with {len(steps)} branch steps of width {self.branch_width} have "
+                f"{leaves} leaves: set rollout.group_size={leaves}",
+            )
 
 
 @dataclass
@@ -749,31 +770,14 @@ def _cross_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginHost, s
 
 
 def _rollout_checks(core: TrainConfig, selected: dict[str, Any], pm: PluginHost) -> list[str]:
-    """The batch holds whole groups; a tree's leaves are its group, branching at steps it has."""
-    errors, r, sampler = [], core.rollout, selected.get("sampler")
-    if r.batch_size % r.group_size:
-        lower = r.batch_size - r.batch_size % r.group_size
-        errors.append(
-            f"rollout.batch_size={r.batch_size} is not divisible by rollout.group_size={r.group_size}: "
-            f"use rollout.batch_size={lower or r.group_size} or {lower + r.group_size}"
-        )
-    if r.branch_steps:
-        leaves = r.branch_roots * r.branch_width ** len(r.branch_steps)
-        if sorted(set(r.branch_steps)) != list(r.branch_steps) or not all(b < r.num_steps for b in r.branch_steps):
-            errors.append(
-                f"rollout.branch_steps={list(r.branch_steps)}: use increasing step indices in [0, {r.num_steps})"
-            )
-        elif r.group_size != leaves:
-            errors.append(
-                f"rollout.group_size={r.group_size}: {r.branch_roots} tree(s) with {len(r.branch_steps)} branch "
-                f"steps of width {r.branch_width} have {leaves} leaves: set rollout.group_size={leaves}"
-            )
-        if sampler is not None and not sampler.meta.get("has_log_prob"):
-            errors.append(
-                f"rollout.branch_steps needs a stochastic sampler to branch; {sampler.name!r} is deterministic: "
-                f"choose one of {', '.join(_names(pm, 'sampler', has_log_prob=True))}"
-            )
-    return errors
+    """A tree branches with a stochastic sampler (the rollout section checks its own shape)."""
+    sampler = selected.get("sampler")
+    if core.rollout.branch_steps and sampler is not None and not sampler.meta.get("has_log_prob"):
+        return [
+            f"rollout.branch_steps needs a stochastic sampler to branch; {sampler.name!r} is deterministic: "
+            f"choose one of {', '.join(_names(pm, 'sampler', has_log_prob=True))}"
+        ]
+    return []
 
 
 def _reward_checks(core: TrainConfig, selected: dict[str, Any]) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, cast
@@ -13,6 +13,7 @@ import torch
 
 from gyremedia.config import COMPONENT_SETTINGS, ResolvedConfig, Selected
 from gyremedia.data import Prompt, PromptSource
+from gyremedia.interfaces import Generated
 from gyremedia.rollout import Media
 from gyremedia.scoring import Scorer
 
@@ -41,9 +42,8 @@ class EvalResult:
     prompts: list[str]
     media: Media
     scores: dict[str, torch.Tensor]
-    extras: dict[str, Any] = field(
-        default_factory=dict
-    )  # generated (the policy's), preference: for further measurements
+    generated: Generated | None = None  # the policy's samples (final states, token ids), for further measurements
+    preference: torch.Tensor | None = None  # the weights a preference-conditioned policy was evaluated at
 
     def means(self, prefix: str = "eval/") -> dict[str, float]:
         """Each score's :func:`summary` value, and the in-group diversity."""
@@ -135,10 +135,9 @@ def evaluate(
         guidance_scale=rollout.guidance_scale,
         preference=preference,
     )
-    extras = dict(generated.extras, generated=generated, preference=preference)
     when = "during evaluation" if step is None else f"in the step-{step} evaluation"
     scores = score(rewards, generated.media, prompts, selected_rewards(config), when)
-    return EvalResult(prompts, generated.media, scores, extras)
+    return EvalResult(prompts, generated.media, scores, generated=generated, preference=preference)
 
 
 def accuracy_key(config: ResolvedConfig) -> str:

@@ -8,12 +8,13 @@ Two kinds of hooks exist:
   types, ranges and choices are checked before any model loads: :mod:`gyremedia.options`). Capabilities
   are read from the factory's class attributes (:data:`gyremedia.plugins.CAPABILITIES`); a factory
   that is a plain function passes them here. Registering never makes a run use it: the yaml selects by name.
-* **Lifecycle hooks** are called during a run, keyword-only, on every registered plugin *and* on
-  the component objects the run's config selected (a reward or regularizer instance may implement
-  any of them). Hooks that change what is trained on (``gyremedia_after_rollout``,
-  ``gyremedia_process_rewards``) may only be implemented by such selected components: a module
-  loaded from an entry point that implements them is refused at load time, because installing a
-  package must never silently change a training objective.
+* **Run hooks** are called during a run, keyword-only, on every registered plugin, on the component
+  objects the run's config selected (a reward or regularizer instance may implement any of them) and on
+  the per-run objects features register: the stages of a step (each a ``firstresult`` hook with its
+  default in ``gyremedia/stages/``), the features' hooks, and events. Hooks that change what is trained on
+  (:data:`gyremedia.registry.DATA_CHANGING_HOOKS`) may only be implemented by selected components and
+  per-run objects: a module loaded from an entry point that implements them is refused at load time,
+  because installing a package must never silently change a training objective.
 
 Plugins implement hooks with the ``gyremedia.hookimpl`` marker.
 """

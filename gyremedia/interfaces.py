@@ -68,6 +68,18 @@ class Shardable(Protocol):
     def unshard(self) -> None: ...
 
 
+class Prefetching(Protocol):
+    """A policy that declares ``prefetches = True`` (see :class:`Policy`)."""
+
+    def prefetch(self, prompts: list[str]) -> None: ...
+
+
+class Preparing(Protocol):
+    """An objective that declares ``prepares = True`` (see :class:`Objective`)."""
+
+    def prepare(self, ctx: ObjectiveContext, rollout: Rollout) -> None: ...
+
+
 class Compilable(Protocol):
     """A policy that declares ``compilable = True`` (see :class:`Policy`)."""
 
@@ -90,8 +102,8 @@ class Policy(Protocol):
       at the end of the run give the main process whole networks to export (a collective).
     - ``compile() -> None`` (``compilable = True``): compile its networks with ``torch.compile`` in place after
       :meth:`enable_reference` (``train.compile``); parameter names, checkpoints and exports stay as they are.
-    - ``prefetch(prompts) -> None``: start preparing the next step's prompts (e.g. encoding them) in the
-      background while this step trains; the trainer calls it when the policy has it.
+    - ``prefetch(prompts) -> None`` (``prefetches = True``): start preparing the next step's prompts (e.g.
+      encoding them) in the background while this step trains.
     """
 
     media_kind: str
@@ -256,8 +268,9 @@ class LossOutput:
 class Objective(Protocol):
     """Turns a scored rollout into losses, one micro-step at a time (gradients accumulate).
 
-    Optional: ``prepare(ctx, rollout)``, called once per rollout before its first update (e.g. to record
-    the old policy's log-probs that several PPO iterations compare with).
+    Optional: ``prepare(ctx, rollout)`` (declared with ``prepares = True``), called once per rollout before its
+    first update (e.g. to record the old policy's log-probs that several PPO iterations compare with). A class
+    that declares ``needs_reference = True`` makes the backbone keep the frozen reference policy.
     """
 
     def micro_steps(self, rollout: Rollout, step: int) -> list[Any]:

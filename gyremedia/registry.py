@@ -82,19 +82,25 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
     # transitions: "denoising" (sampler steps of a state) or "tokens" (a token policy samples itself)
     # shardable: every process runs the same model calls in a step, as FSDP's collectives need
     # compilable: compile() compiles its networks in place (train.compile)
+    # prefetches: prefetch(prompts) starts preparing the next step's prompts while this step trains
     "backbone": {
         "media_kind": None,
         "prediction": None,
         "transitions": "denoising",
         "shardable": False,
         "compilable": False,
+        "prefetches": False,
     },
     "sampler": {"has_log_prob": False, "needs_predict": False, "prediction": None},
     # kl_regularizer: the regularizer an objective's `kl_beta` option selects (with that weight)
     # needs_tree_rollouts: it trains on tree rollouts (rollout.branch_steps)
     # plans_transitions: planned_transitions(stochastic, step) names the transitions it will replay before the
     # rollout is sampled, among the stochastic ones (train.reuse_rollout_forward)
+    # prepares: prepare(ctx, rollout) runs once per rollout before its first update
+    # needs_reference: the backbone keeps the frozen reference policy (as for a regularizer)
     "objective": {
+        "needs_reference": False,
+        "prepares": False,
         "requires_log_prob": False,
         "default_weighting": None,
         "kl_regularizer": None,
@@ -103,7 +109,7 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
         "transitions": None,
     },  # transitions: what it trains (None: any)
     "reward": {"kinds": None},  # the media kinds it scores
-    "regularizer": {"requires_log_prob": False, "transitions": None},
+    "regularizer": {"requires_log_prob": False, "transitions": None, "needs_reference": False},
     "weighting": {},
     "logger": {},
 }

@@ -68,6 +68,10 @@ class Rollout:
     advantages: torch.Tensor | None = None  # [B]
     preference: torch.Tensor | None = None  # [B, R] per-sample weights of the rewards (a Pareto run's); None: equal
     metrics: dict[str, float] = field(default_factory=dict)  # what making it measured, logged with its step
+    tree_ancestors: torch.Tensor | None = None  # [B, S+1] tree rollouts: the node each sample passed at each level
+    prompt_length: int | None = None  # token policies: ``states[:, :prompt_length]`` are the prompts' tokens
+    truncated: torch.Tensor | None = None  # [B] token policies: completions cut off by the token budget
+    kept_forwards: Any = None  # gyremedia.sampling.KeptForwards: forwards kept with their graphs for the first update
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:

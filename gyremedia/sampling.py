@@ -80,8 +80,6 @@ class KeptForwards:
     inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # transition -> the states [B, ...] it was of
     compared: KeptComparison | None = None
 
-    KEY = "kept_forwards"  # where a rollout's extras hold them
-
     def keep(self, index: int, state: torch.Tensor, output: torch.Tensor) -> None:
         """Keep the policy's ``output`` at transition ``index`` and the ``state`` it was computed from."""
         self.inputs[index], self.outputs[index] = state, output
@@ -134,7 +132,7 @@ class KeptForwards:
     @classmethod
     def discard(cls, rollout: Rollout) -> None:
         """Drop a rollout's kept outputs and their graphs: the weights are about to change."""
-        kept = rollout.extras.pop(cls.KEY, None)
+        kept, rollout.kept_forwards = rollout.kept_forwards, None
         if kept is not None:
             kept.outputs.clear()
             kept.inputs.clear()
@@ -196,7 +194,7 @@ def replay_transition(
     if rollout.sigmas is None:
         raise ValueError("replay needs a denoising rollout with sigmas")
     x = rollout.states[:, index]
-    kept = None if reference else rollout.extras.get(KeptForwards.KEY)
+    kept = None if reference else rollout.kept_forwards
     output = kept.take(index, rollout.sample_ids, rollout.states) if kept is not None else None
     if ctx.sampler is None:
         raise ValueError("replay needs the run's sampler (a policy that samples its own tokens replays none)")

@@ -21,7 +21,7 @@ from gyremedia.runtime import checkpoint as ckpt
 from gyremedia import evaluation
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.runtime.distributed import any_rank, raise_together
-from gyremedia.interfaces import BuildContext, Compilable, Shardable
+from gyremedia.interfaces import BuildContext, Compilable, Prefetching, Shardable
 from gyremedia.registry import PluginHost
 from gyremedia.rollout import Rollout
 from gyremedia.runtime.runs import RESOLVED_CONFIG
@@ -137,9 +137,8 @@ class Trainer:
         state, hook, last = self.state, self.state.plugins.hook, self.core.train.steps
         pending = self._pending.pop(step, None)
         sampled, futures, seconds = pending or self._sample_and_submit(step)
-        prefetch = getattr(state.backbone, "prefetch", None)  # a backbone may encode the next prompts meanwhile
-        if callable(prefetch) and step + 1 < last:  # the draw is cached for the rollout itself
-            prefetch(rollout.rollout_request(state, step + 1).prompts)
+        if self.config.backbone.meta.get("prefetches") and step + 1 < last:  # it encodes the next prompts meanwhile
+            cast(Prefetching, state.backbone).prefetch(rollout.rollout_request(state, step + 1).prompts)
         times = {"time/rollout": seconds}
         if self.core.rollout.async_scoring and step + 1 < last:
             self._pending[step + 1] = upcoming = self._sample_and_submit(step + 1)

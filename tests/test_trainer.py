@@ -15,7 +15,6 @@ from gyremedia.config import ConfigError
 from gyremedia.runtime.checkpoint import latest_checkpoint, list_checkpoints
 from gyremedia.cli import main
 from gyremedia.plugins import PluginManager
-from gyremedia.sampling import KeptForwards
 from gyremedia.stages import rollout
 from gyremedia.trainer import RewardError, Trainer
 from gyremedia_features.forward_reuse import planned_forwards
@@ -112,9 +111,9 @@ def test_prompts_encoded_ahead_in_a_thread_change_no_number(make_config, tmp_pat
     runs = []
     for prefetch in (True, False):
         trainer = Trainer(make_config(f"run.output_dir={tmp_path / str(prefetch)}", "train.steps=3"), PluginManager())
-        state = trainer.setup()
-        if not prefetch:
-            state.backbone.prefetch = None
+        trainer.setup()
+        assert trainer.config.backbone.meta["prefetches"]  # declared by the diffusers backbones
+        trainer.config.backbone.meta["prefetches"] = prefetch
         runs.append([comparable(trainer.train_step(step)) for step in range(3)])
     assert runs[0] == runs[1]
 
@@ -199,7 +198,7 @@ def test_reused_rollout_forwards_train_the_same_weights_with_fewer_forwards(make
             planned.append(planned_forwards(state, step))
             trainer.train_step(step)
             assert planned[-1] == state.objective.micro_steps(state.rollout, step)
-            assert KeptForwards.KEY not in state.rollout.extras  # no graph outlives its update
+            assert state.rollout.kept_forwards is None  # no graph outlives its update
         forwards.append(sum(rows))
         weights.append([p.detach().clone() for p in state.backbone.trainable_module().parameters()])
     config = trainer.config.core

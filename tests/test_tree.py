@@ -86,7 +86,7 @@ def test_tree_grpo_objective_backs_up_leaf_advantages(components):
         log_probs=tree.log_probs,
         sigmas=tree.sigmas,
         advantages=torch.tensor([2.0, 0.0, -1.0, -1.0]),
-        extras={"tree_ancestors": tree.ancestors},
+        tree_ancestors=tree.ancestors,
     )
     mean = TreeGRPOObjective(TreeGRPOOptions(), BuildContext(device=torch.device("cpu")))
     torch.testing.assert_close(mean.transition_advantages(rollout, 0), torch.tensor([1.0, 1.0, -1.0, -1.0]))
@@ -109,7 +109,7 @@ def test_dedup_and_pruning_choose_the_trained_rows(components):
         log_probs=tree.log_probs,
         sigmas=tree.sigmas,
         advantages=torch.tensor([2.0, 0.0, -1.0, -1.0, 0.5, 0.5, -3.0, 2.0]),
-        extras={"tree_ancestors": tree.ancestors},
+        tree_ancestors=tree.ancestors,
     )
 
     def rows(micro_step, **options):
@@ -145,7 +145,7 @@ def test_depth_normalisation_is_within_each_tree_and_dropped_leaves_do_not_count
         sigmas=tree.sigmas,
         advantages=advantages,
         reward=reward,
-        extras={"tree_ancestors": tree.ancestors},
+        tree_ancestors=tree.ancestors,
     )
 
     def values(micro_step, **options):

@@ -225,7 +225,7 @@ class CausalLMBackbone(TransformerPolicy):
         a prompt once instead of 8 times. Not when nothing repeats, nor when transformers turns the cache off
         (gradient checkpointing), nor through a wrapper that expects one forward per backward (DDP, FSDP2,
         torch.compile): those run the whole sequences, with the same log-probs to rounding."""
-        length = rollout.extras["prompt_length"]
+        length = rollout.prompt_length
         prompt, prompt_mask, mask = rollout.states[:, :length], rollout.conditions["prompt_mask"], rollout.mask.long()
         distinct, inverse = torch.unique(torch.cat([prompt, prompt_mask], dim=1), dim=0, return_inverse=True)
         wrapped = torch.is_grad_enabled() and not reference and self._training_module is not self.transformer
@@ -373,12 +373,13 @@ class CausalLMBackbone(TransformerPolicy):
             states=torch.cat([prompt_ids, completion], dim=1),
             log_probs=log_probs,
             mask=mask,
-            extras={"prompt_length": prompt_ids.shape[1], "truncated": torch.cat([p[3] for p in parts])},
+            prompt_length=prompt_ids.shape[1],
+            truncated=torch.cat([p[3] for p in parts]),
         )
 
     def token_log_probs(self, rollout: Rollout, *, reference: bool = False) -> torch.Tensor:
         """``[B, T]`` fp32 log-probs of the completion tokens at the sampling temperature (0 where masked)."""
-        length = rollout.extras["prompt_length"]
+        length = rollout.prompt_length
         hidden = self._completion_hidden(rollout, reference)
         # The policy's: the distribution the rollout sampled from, so its log-probs (and an importance correction's
         # weights) compare like with like; under top_p < 1 every sampler-vs-trainer weight was the nucleus mass.
@@ -397,7 +398,7 @@ class CausalLMBackbone(TransformerPolicy):
 
     def media(self, rollout: Rollout) -> Media:
         """The completions as text (special tokens dropped)."""
-        return Media("text", self._completions(rollout.states[:, rollout.extras["prompt_length"] :], rollout.mask))
+        return Media("text", self._completions(rollout.states[:, rollout.prompt_length :], rollout.mask))
 
     @torch.no_grad()
     def generate(
@@ -430,7 +431,7 @@ class CausalLMBackbone(TransformerPolicy):
                     conditions={"prompt_mask": attention},
                     states=torch.cat([ids, completion], dim=1),
                     mask=mask,
-                    extras={"prompt_length": ids.shape[1]},
+                    prompt_length=ids.shape[1],
                 )
             )
         return Generated(Media("text", texts), {"rollouts": rollouts})
@@ -448,7 +449,7 @@ class CausalLMBackbone(TransformerPolicy):
         """Mean per-token ``KL(pi || pi_ref)`` over the evaluation completions (exact, over the vocabulary)."""
         total = count = 0.0
         for rollout in generated.extras["rollouts"]:
-            length = rollout.extras["prompt_length"]
+            length = rollout.prompt_length
             attention = torch.cat([rollout.conditions["prompt_mask"], rollout.mask.long()], dim=1)
             hidden = {
                 ref: self._hidden(rollout.states, attention, reference=ref)[:, length - 1 : -1] for ref in (False, True)

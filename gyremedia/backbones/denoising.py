@@ -117,10 +117,8 @@ class DenoisingPolicy:
                     keep=kept if begin == 0 else None,
                 )
             parts.append((conditions, states, log_probs))
-        extras, metrics = ({KeptForwards.KEY: kept} if kept is not None else {}), {}
-        if ancestors:  # the tree structure, and the share of a flat rollout's model evaluations it needed
-            extras = {"tree_ancestors": torch.cat(ancestors)}
-            metrics = {"rollout/forward_fraction": forward_rows / (per_rank * r.num_steps)}
+        # a tree's structure, and the share of a flat rollout's model evaluations it needed
+        metrics = {"rollout/forward_fraction": forward_rows / (per_rank * r.num_steps)} if ancestors else {}
         return Rollout(
             prompts=list(request.prompts),
             sample_ids=request.sample_ids,
@@ -130,7 +128,8 @@ class DenoisingPolicy:
             log_probs=torch.cat([p[2] for p in parts]) if parts[0][2] is not None else None,
             sigmas=sigmas,
             metrics=metrics,
-            extras=extras,
+            tree_ancestors=torch.cat(ancestors) if ancestors else None,
+            kept_forwards=kept,
         )
 
     def media(self, rollout: Rollout) -> Media:

@@ -93,6 +93,7 @@ class DiffusersFlowPolicy(TransformerPolicy, DenoisingPolicy):
     """A diffusers flow-matching pipeline seen as a policy over denoising transitions of its latent."""
 
     prediction = "velocity"
+    prefetches = True  # prefetch(): encodes the next step's prompts in a thread while this step trains
     pipeline_class: ClassVar[str]  # the diffusers pipeline class a folder loads and an export is
     # what the transformer's ``timestep`` input is per unit of sigma (SD3 and Wan: 1000; FLUX, Qwen-Image: 1)
     timestep_scale: ClassVar[float] = 1000.0

@@ -140,6 +140,7 @@ class TokenGRPOObjective:
     requires_log_prob = True
     transitions = "tokens"
     kl_regularizer = "token_kl"  # what `kl_beta` selects
+    prepares = True  # prepare(): the loss mask, old log-probs and dapo's token count, once per rollout
 
     def __init__(self, options: TokenGRPOOptions, context: BuildContext) -> None:
         self.options = options
@@ -152,7 +153,7 @@ class TokenGRPOObjective:
         o = self.options
         mask = rollout.mask.bool()
         if o.overlong_filter:
-            mask = mask & ~rollout.extras["truncated"].to(mask.device)[:, None]
+            mask = mask & ~rollout.truncated.to(mask.device)[:, None]
         rollout.extras["loss_mask"] = mask
         if ctx.minibatches * ctx.passes > 1 or o.importance_correction != "none":
             size = len(rollout) // ctx.minibatches

@@ -108,7 +108,7 @@ class TreeGRPOObjective(GRPOObjective):
         chosen = {}
         for micro_step in micro_steps:
             rows, row_advantages = self.choose_rows(host, micro_step)
-            _, first, inverse = unique_first(host.extras["tree_ancestors"][:, micro_step])
+            _, first, inverse = unique_first(host.tree_ancestors[:, micro_step])
             chosen[micro_step] = (rows, row_advantages, first, inverse)
         indices = []  # every index in one copy, in this order per micro-step: rows (unless all), first, inverse
         for rows, _, first, inverse in chosen.values():
@@ -162,7 +162,7 @@ class TreeGRPOObjective(GRPOObjective):
         advantages = self.transition_advantages(rollout, micro_step)
         if not self.options.dedup and not self.options.width:
             return self.informative_rows(None, advantages)
-        nodes = rollout.extras["tree_ancestors"][:, micro_step + 1]
+        nodes = rollout.tree_ancestors[:, micro_step + 1]
         rows = unique_first(nodes)[1] if self.options.dedup else torch.arange(len(rollout), device=nodes.device)
         if self.options.width:
             rows = top_per_group(
@@ -191,7 +191,7 @@ class TreeGRPOObjective(GRPOObjective):
         return transition, output
 
     def transition_advantages(self, rollout: Rollout, micro_step: int) -> torch.Tensor:
-        ancestors = rollout.extras.get("tree_ancestors")
+        ancestors = rollout.tree_ancestors
         if ancestors is None:
             raise ValueError("tree_grpo needs tree rollouts: set rollout.branch_steps (e.g. [0, 3, 6])")
         nodes = ancestors[:, micro_step + 1].to(rollout.advantages.device)

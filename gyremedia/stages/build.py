@@ -99,9 +99,7 @@ def build_components(state: TrainState, context: BuildContext) -> None:
     plugins.hook.gyremedia_setup(state=state, context=context)
     state.regularizers = {s.name: plugins.build(s, context) for s in config.regularizers}
     state.loggers = [plugins.build(s, context) for s in config.loggers] if state.accelerator.is_main_process else []
-    if state.reference_needed or any(
-        getattr(c, "needs_reference", False) for c in [state.objective, *state.regularizers.values()]
-    ):
+    if state.reference_needed or any(s.meta.get("needs_reference") for s in [config.objective, *config.regularizers]):
         state.backbone.enable_reference()
 
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from gyremedia.runtime import checkpoint as ckpt
 from gyremedia import hookimpl
 from gyremedia.runtime.distributed import average_gradients, host_floats, means_over_ranks
-from gyremedia.interfaces import LossOutput, ObjectiveContext
+from gyremedia.interfaces import LossOutput, ObjectiveContext, Preparing
 from gyremedia.rollout import Rollout
 from gyremedia.sampling import KeptForwards
 from gyremedia.state import TrainState
@@ -143,14 +143,13 @@ def gyremedia_update(state: TrainState, rollout: Rollout, step: int) -> dict[str
     size = len(rollout) // train.num_minibatches
     sums: dict[str, float] = {}
     count = skipped = 0
-    prepare = getattr(objective, "prepare", None)
-    if callable(prepare):
-        prepare(ctx, rollout)
+    if state.config.objective.meta.get("prepares"):
+        cast(Preparing, objective).prepare(ctx, rollout)
     for n, begin in enumerate([b for _ in range(train.num_iterations) for b in range(0, len(rollout), size)]):
         if n:  # after the first update the forwards kept while sampling are stale
             KeptForwards.discard(rollout)
         batch = rollout.select(slice(begin, begin + size))
-        reduce_here = KeptForwards.KEY in batch.extras and acc.num_processes > 1  # their backward syncs nothing
+        reduce_here = batch.kept_forwards is not None and acc.num_processes > 1  # their backward syncs nothing
         summed, micro_steps = accumulate(state, ctx, batch, step, reduce_here)
         count += micro_steps
         skipped += not step_optimizer(state, summed, step, reduce_here, sums, micro_steps)

@@ -84,10 +84,10 @@ class HackingMonitor:
         if self.settings.drift:
             metrics["eval/drift"] = backbone.reference_drift(
                 result.prompts,
-                result.extras["generated"],
+                result.generated,
                 levels=self.settings.drift_levels,
                 guidance_scale=guidance_scale,
-                preference=result.extras.get("preference"),
+                preference=result.preference,
             )
         current = {k: v for k, v in metrics.items() if k == self.proxy or k.startswith("eval/gold/")}
         if self.gold:
