@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 
 def gyremedia(*args: str, timeout: float, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -18,3 +19,13 @@ def gyremedia(*args: str, timeout: float, env: Mapping[str, str] | None = None) 
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return done
+
+
+def pip_install(target: Path, *packages: Path) -> None:
+    """Install ``packages`` (folders) into ``target`` alone, as a user's environment would hold them; a run with
+    ``target`` on PYTHONPATH sees them and the test environment itself is not changed."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index"]
+        + ["--target", str(target), *map(str, packages)],
+        check=True,
+    )

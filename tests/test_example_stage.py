@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_runs import pip_install
 from safetensors.torch import load_file
 
 from gyremedia.runtime import checkpoint as ckpt
@@ -20,25 +21,6 @@ from gyremedia.runtime import checkpoint as ckpt
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "gyremedia-example-stage"
 SKIPPED = "example_stage/skipped"
-
-
-def pip_install(target: Path, *packages: Path) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            *map(str, packages),
-        ],
-        check=True,
-    )
 
 
 @pytest.fixture(scope="module")

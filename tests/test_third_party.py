@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_runs import pip_install
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "gyremedia-example-reward"
@@ -28,25 +29,6 @@ broken_plugin = "gyremedia_broken_plugin"
 [tool.setuptools]
 packages = ["gyremedia_broken_plugin"]
 """
-
-
-def pip_install(target: Path, *packages: Path) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            *map(str, packages),
-        ],
-        check=True,
-    )
 
 
 @pytest.fixture(scope="module")
