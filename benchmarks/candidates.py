@@ -10,7 +10,7 @@ prompt are sampled both ways and scored with the run's first reward; printed per
 
 * the mean within-prompt Spearman correlation of cheap and full rewards;
 * the mean within-prompt std of the full rewards of the ``group_size`` candidates the cheap ones choose
-  (:func:`gyremedia.candidates.contrastive_subset`), against a random ``group_size`` of them and against the
+  (:func:`gyremedia_features.candidates.contrastive_subset`), against a random ``group_size`` of them and against the
   subset an oracle (the full rewards themselves) would choose: the spread of the advantages' signal;
 * NFEs per prompt of the pool, against one stage's ``group_size x num_steps``.
 
@@ -28,19 +28,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gyremedia.candidates import contrastive_subset
 from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager
+from gyremedia.stages.rollout import rollout_request
 from gyremedia.trainer import Trainer
+from gyremedia_features.candidates import candidate_pool, contrastive_subset
 
 QUICKSTART_GRPO = Path(__file__).resolve().parents[1] / "configs" / "quickstart_grpo.yaml"
 
 
 def pool_rewards(trainer: Trainer, step: int, num_steps: int, sampler) -> torch.Tensor:
     """``[groups, candidates]`` rewards of each step-``step`` prompt's candidates sampled ``num_steps`` steps
-    with ``sampler`` (the trainer's own candidate pool, :meth:`Trainer.candidate_pool`)."""
+    with ``sampler`` (the candidates plugin's own pool, :func:`gyremedia_features.candidates.candidate_pool`)."""
     state = trainer.state
-    pool = trainer.candidate_pool(trainer.rollout_request(step), num_steps)
+    pool = candidate_pool(rollout_request(state, step), num_steps)
     media = state.backbone.media(state.backbone.collect_rollout(pool, sampler))
     reward = trainer.config.rewards[0].name
     return state.rewards[reward](media, pool.prompts)["score"].double().reshape(-1, trainer.core.rollout.candidates)
@@ -85,7 +86,9 @@ def main() -> None:
             "oracle's choice | pool NFEs per prompt vs one stage |\n|---|---|---|---|---|---|"
         )
         for steps in args.steps:
-            cheap = torch.cat([pool_rewards(trainer, s, steps, trainer.eval_sampler) for s in range(args.rollouts)])
+            cheap = torch.cat(
+                [pool_rewards(trainer, s, steps, trainer.state.eval_sampler) for s in range(args.rollouts)]
+            )
             rho = np.nanmean([spearman(c, f) for c, f in zip(cheap, full) if c.std() > 0 and f.std() > 0])
             chosen = full.gather(1, contrastive_subset(cheap, r.group_size)).std(dim=1).mean()
             print(

@@ -215,6 +215,8 @@ def measure(spec: dict) -> dict:
     probe, self_check = make_probe()
     from gyremedia.config import load_config, resolve_config
     from gyremedia.plugins import PluginManager
+    from gyremedia.stages import rollout as rollout_stage
+    from gyremedia.stages import scoring as scoring_stage
     from gyremedia.trainer import Trainer
 
     heads, layers = SIZES[spec["size"]]
@@ -261,9 +263,10 @@ def measure(spec: dict) -> dict:
 
         module.register_forward_pre_hook(count_tokens, with_kwargs=True)
         meter = PhaseMeter(probe)
-        meter.wrap(trainer, "collect_rollout", "rollout")
-        meter.wrap(trainer, "start_scoring", "decode")
-        meter.wrap(trainer, "score", "reward")
+        # the stages: the loop calls collect() and start_scoring() from their modules, the scoring stage as a hook
+        meter.wrap(rollout_stage, "collect", "rollout")
+        meter.wrap(scoring_stage, "start_scoring", "decode")
+        meter.wrap(state.plugins.hook, "gyremedia_score_rollout", "reward")
         meter.wrap(state.objective, "loss", "forward", numbered=True)
         meter.wrap(trainer.accelerator, "backward", "backward", numbered=True)
         meter.wrap(trainer.accelerator, "clip_grad_norm_", "clip")

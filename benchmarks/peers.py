@@ -72,8 +72,11 @@ from gyremedia import evaluation
 from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager
 from gyremedia.rollout import Media, Rollout
-from gyremedia.sampling import sample_trajectories
 from gyremedia.runtime.streams import Stream, sample_generators
+from gyremedia.sampling import sample_trajectories
+from gyremedia.stages.rollout import collect, rollout_request
+from gyremedia.stages.scoring import gyremedia_score_rollout
+from gyremedia.stages.update import gyremedia_update
 from gyremedia.trainer import Trainer
 
 QUICKSTART_GRPO = Path(__file__).resolve().parents[1] / "configs" / "quickstart_grpo.yaml"
@@ -108,7 +111,7 @@ def quickstart(config: Path, batch: int, tmp: str, *extra: str):
         config, tmp, "regularizers=[]", "train.num_minibatches=1", f"rollout.batch_size={batch}", *extra
     )
     state = trainer.state
-    prompts = trainer.rollout_request(0).prompts
+    prompts = rollout_request(state, 0).prompts
     ids = list(range(len(prompts)))
     conditions = state.backbone.encode(prompts)
     noise = state.backbone.sample_noise(sample_generators(0, 0, Stream.INITIAL_NOISE, ids))
@@ -237,7 +240,7 @@ def flow_grpo_rows(
             their_update(module, state.optimizer)
 
         their_step, _ = best_of(repeats, theirs_train)
-        our_step, _ = best_of(repeats, lambda: trainer.optimize(rollout, 0))
+        our_step, _ = best_of(repeats, lambda: gyremedia_update(trainer.state, rollout, 0))
         variants = {"train.reuse_rollout_forward": ["train.reuse_rollout_forward=true"]}
         if compiled:
             variants |= {
@@ -277,10 +280,10 @@ def whole_step_times(
         trainer = quickstart(config, batch, f"{tmp}/{len(seconds)}", *common, *overrides)[0]
 
         def step():
-            rollout = trainer.collect_rollout(0)
+            rollout = collect(trainer.state, 0)
             trainer.state.backbone.decode(rollout.final)
             rollout.advantages = advantages
-            trainer.optimize(rollout, 0)
+            gyremedia_update(trainer.state, rollout, 0)
 
         step()
         seconds[label] = best_of(repeats, step)[0]
@@ -289,7 +292,9 @@ def whole_step_times(
 
 def heldout_accuracy(trainer: Trainer) -> float:
     """The trainer's held-out accuracy (%): its run's evaluation (fixed-seed samples, the eval sampler)."""
-    result = evaluation.evaluate(trainer.config, trainer.state.backbone, trainer.eval_sampler, trainer.state.rewards)
+    result = evaluation.evaluate(
+        trainer.config, trainer.state.backbone, trainer.state.eval_sampler, trainer.state.rewards
+    )
     return 100 * result.means()[f"eval/{evaluation.accuracy_key(trainer.config)}"]
 
 
@@ -343,7 +348,7 @@ class FlowGRPOLoop:
     def train_step(self, step: int) -> None:
         """Sample step ``step``'s batch with its pipeline, score it with the run's rewards, then its loop's body."""
         trainer, backbone = self.trainer, self.trainer.state.backbone
-        request = trainer.rollout_request(step)
+        request = rollout_request(trainer.state, step)
         ids = request.sample_ids.tolist()
         conditions = backbone.encode(request.prompts)
         noise = backbone.sample_noise(sample_generators(self.seed, step, Stream.INITIAL_NOISE, ids))
@@ -371,7 +376,8 @@ class FlowGRPOLoop:
             states=latents,
             log_probs=old_log_probs,
         )
-        trainer.score(rollout, step, trainer.scorer.submit(Media("image", images.float()), request.prompts))
+        futures = trainer.state.scorer.submit(Media("image", images.float()), request.prompts)
+        gyremedia_score_rollout(trainer.state, rollout, futures, step)
         advantages = torch.as_tensor(
             self.tracker.update(request.prompts, rollout.reward.cpu().numpy()), dtype=torch.float32
         )
@@ -535,7 +541,7 @@ def diffusion_nft_rows(clone: Path, batch: int, repeats: int, compiled: bool) ->
             their_update(module, state.optimizer)
 
         their_step, _ = best_of(repeats, theirs_train)
-        our_step, _ = best_of(repeats, lambda: trainer.optimize(rollout, 0))
+        our_step, _ = best_of(repeats, lambda: gyremedia_update(trainer.state, rollout, 0))
         whole = whole_step_times(
             QUICKSTART_NFT,
             batch,

@@ -297,6 +297,7 @@ def measure(spec: dict) -> dict:
     from gyremedia.cli import bundled_config
     from gyremedia.config import load_config, resolve_config
     from gyremedia.plugins import PluginManager
+    from gyremedia.stages import rollout as rollout_stage
     from gyremedia.trainer import Trainer
 
     torch.set_num_threads(spec["threads"])
@@ -327,10 +328,11 @@ def measure(spec: dict) -> dict:
         meter = NestedMeter(probe)
         if hasattr(state.backbone, "encode"):
             meter.wrap(state.backbone, "encode", "text encoding")
-        meter.wrap(trainer, "collect_rollout", "rollout")
+        # the stages: the loop calls the rollout stage's collect() and the others through their hooks
+        meter.wrap(rollout_stage, "collect", "rollout")
         meter.wrap(state.backbone, "media", "decode")
-        meter.wrap(trainer, "score", "reward")
-        meter.wrap(trainer, "optimize", "update")
+        meter.wrap(state.plugins.hook, "gyremedia_score_rollout", "reward")
+        meter.wrap(state.plugins.hook, "gyremedia_update", "update")
         meter.wrap(trainer, "train_step", "step")
         gc.collect()
         baseline = rss()

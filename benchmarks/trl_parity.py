@@ -380,8 +380,9 @@ def worker(spec: dict) -> dict:
             parts.append({k.split("/")[1]: metrics[k] for k in ("time/rollout", "time/reward", "time/train")})
         model = ours.state.backbone.trainable_module()
     else:
-        from gyremedia_text.task import is_correct
         from transformers import TrainerCallback
+
+        from gyremedia_text.task import is_correct
 
         class Clock(TrainerCallback):
             """Each step's seconds, from just before the first (when the peak is reset too)."""

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any, cast
 
 import torch

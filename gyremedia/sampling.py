@@ -7,8 +7,8 @@ trajectory is the same on one process or many, and after a resume.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, cast
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 

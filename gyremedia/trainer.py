@@ -1,7 +1,7 @@
 """The loop: the order of a run's stages and the bookkeeping every run needs, on an accelerate ``Accelerator``.
 
-One step is five stage hooks (their defaults in :mod:`gyremedia.stages`): collect the rollout -> score it ->
-compute advantages over all ranks -> update -> (evaluate) -> save. Features (candidate pools, Pareto
+One step is a sequence of stage hooks (their defaults in :mod:`gyremedia.stages`): collect the rollout -> score
+it -> compute advantages over all ranks -> update -> (evaluate) -> save. Features (candidate pools, Pareto
 preferences, the per-prompt reward history, forward reuse, the hacking monitor) are plugins on those hooks
 (``plugins/gyremedia_features``); this file names none of them. docs/architecture.md draws the data flow.
 """
@@ -17,16 +17,16 @@ from typing import Any, cast
 import torch
 from tqdm.auto import tqdm
 
-from gyremedia.runtime import checkpoint as ckpt
 from gyremedia import evaluation
 from gyremedia.config import ConfigError, ResolvedConfig
-from gyremedia.runtime.distributed import any_rank, raise_together
 from gyremedia.interfaces import BuildContext, Compilable, Prefetching, Shardable
 from gyremedia.registry import PluginHost
 from gyremedia.rollout import Rollout
+from gyremedia.runtime import checkpoint as ckpt
+from gyremedia.runtime.distributed import any_rank, raise_together
 from gyremedia.runtime.runs import RESOLVED_CONFIG
-from gyremedia.scoring import RewardError  # noqa: F401 - part of this module's API
 from gyremedia.runtime.signals import Interrupted, StopSignals
+from gyremedia.scoring import RewardError  # noqa: F401 - part of this module's API
 from gyremedia.stages import build, checkpointing, finish, rollout, scoring
 from gyremedia.stages.build import check_process_layout, resolve_sharding  # noqa: F401 - part of this module's API
 from gyremedia.stages.update import NonFiniteLoss  # noqa: F401 - part of this module's API

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from gyremedia.interfaces import DenoisingBackbone, Sampler
-from gyremedia.sampling import noise_like
 from gyremedia.runtime.streams import Stream, sample_generators
+from gyremedia.sampling import noise_like
 
 
 @dataclass

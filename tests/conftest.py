@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
-
 import torch
+from omegaconf import OmegaConf
 
 from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager

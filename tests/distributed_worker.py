@@ -15,8 +15,8 @@ from torch._dynamo.utils import counters
 
 from gyremedia import hookimpl
 from gyremedia.config import load_config, resolve_config
-from gyremedia.runtime.distributed import global_nanmeans
 from gyremedia.plugins import PluginManager
+from gyremedia.runtime.distributed import global_nanmeans
 from gyremedia.trainer import Trainer
 
 

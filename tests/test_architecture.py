@@ -8,8 +8,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gyremedia"
-#: Policies and objectives sit beside the core (docs/architecture.md); first-party plugins live in plugins/.
-NOT_CORE = ("backbones", "objectives")
+#: Policies, objectives and the tiny-model builders sit beside the core (docs/architecture.md); first-party plugins
+#: live in plugins/.
+NOT_CORE = ("backbones", "objectives", "tiny")
 FEATURES = ("candidates", "pareto", "prompt_history", "forward_reuse", "monitor")
 
 

@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
-from gyremedia.runtime import checkpoint
-from gyremedia.runtime.checkpoint import CheckpointError, list_checkpoints
 from gyremedia.config import ConfigError
 from gyremedia.plugins import PluginManager
+from gyremedia.runtime import checkpoint
+from gyremedia.runtime.checkpoint import CheckpointError, list_checkpoints
 from gyremedia.runtime.runs import run_config
 from gyremedia.trainer import Trainer
 

@@ -17,8 +17,8 @@ from accelerate import Accelerator
 from fake_device import DEVICE, DeviceMismatch, FakeDevice, OnDevice
 from gyremedia.advantages import group_advantages
 from gyremedia.config import ResolvedConfig
-from gyremedia.runtime.distributed import to_device, to_host
 from gyremedia.plugins import PluginManager
+from gyremedia.runtime.distributed import to_device, to_host
 from gyremedia.stages import rollout
 from gyremedia.stages.advantages import gyremedia_compute_advantages
 from gyremedia.stages.scoring import gyremedia_score_rollout, start_scoring

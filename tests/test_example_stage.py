@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_runs import pip_install
 from safetensors.torch import load_file
 
+from cli_runs import pip_install
 from gyremedia.runtime import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,8 +17,8 @@ import sys
 import time
 
 import pytest
-from cli_runs import gyremedia
 
+from cli_runs import gyremedia
 from gyremedia.config import asset_path
 
 MIN_POINTS, MAX_MINUTES, STEPS, EVAL_STEPS = 20, 10, 100, [0, 25, 50, 75, 100]

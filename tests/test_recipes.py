@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from cli_runs import gyremedia
-from tiny_clip import save_tiny_clip
 
+from cli_runs import gyremedia
 from gyremedia.plugins import PluginError
+from tiny_clip import save_tiny_clip
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -95,9 +95,9 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     (PickScore's classes), and a Mask2Former config folder for the GenEval detector."""
     from transformers import Mask2FormerConfig
 
-    from gyremedia.backbones.tiny.flux import TinyFluxOptions, build_tiny_flux_pipeline
-    from gyremedia.backbones.tiny.sd3 import TinySD3Options, build_tiny_sd3_pipeline
     from gyremedia.backbones.wan import TinyWanOptions, build_tiny_wan_pipeline
+    from gyremedia.tiny.flux import TinyFluxOptions, build_tiny_flux_pipeline
+    from gyremedia.tiny.sd3 import TinySD3Options, build_tiny_sd3_pipeline
 
     root = tmp_path_factory.mktemp("tiny_models")
     folders = {name: root / name for name in ("sd3", "flux", "wan", "clip", "detector")}

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from cli_runs import pip_install
 
 ROOT = Path(__file__).resolve().parents[1]

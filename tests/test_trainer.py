@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from compile_checks import train_eager_and_compiled
 
+from compile_checks import train_eager_and_compiled
 from gyremedia import hookimpl
-from gyremedia.config import ConfigError
-from gyremedia.runtime.checkpoint import latest_checkpoint, list_checkpoints
 from gyremedia.cli import main
+from gyremedia.config import ConfigError
 from gyremedia.plugins import PluginManager
+from gyremedia.runtime.checkpoint import latest_checkpoint, list_checkpoints
 from gyremedia.stages import rollout
 from gyremedia.trainer import RewardError, Trainer
 from gyremedia_features.forward_reuse import planned_forwards

@@ -12,7 +12,7 @@ def save_tiny_clip(folder: Path, words: list[str]) -> Path:
     """A CLIPModel (towers of width 32, projection 24, 32-pixel images) whose tokenizer knows ``words``."""
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
 
-    from gyremedia.backbones.tiny.sd3 import build_clip_tokenizer
+    from gyremedia.tiny.sd3 import build_clip_tokenizer
 
     tokenizer = build_clip_tokenizer(words, 77)
     config = CLIPConfig(

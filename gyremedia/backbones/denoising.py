@@ -21,8 +21,8 @@ import torch
 
 from gyremedia.interfaces import Generated, RolloutRequest, Sampler
 from gyremedia.rollout import Media, Rollout
-from gyremedia.sampling import KeptForwards, noise_like, renoise, sample_trajectories
 from gyremedia.runtime.streams import Stream, sample_generators
+from gyremedia.sampling import KeptForwards, noise_like, renoise, sample_trajectories
 from gyremedia.tree import sample_trees
 
 

@@ -1,7 +1,7 @@
 """Diffusion text-to-image backbones on diffusers' Stable Diffusion 1.x/2.x and SDXL pipelines (UNet, epsilon or v).
 
 ``diffusion`` loads a ``StableDiffusionPipeline`` folder or hub id, ``diffusion_xl`` a
-``StableDiffusionXLPipeline`` one (or each builds its tiny replica of :mod:`gyremedia.backbones.tiny.sd`), and
+``StableDiffusionXLPipeline`` one (or each builds its tiny replica of :mod:`gyremedia.tiny.sd`), and
 trains its ``UNet2DConditionModel``, full or LoRA (adapters on the attention projections ``to_q``, ``to_k``,
 ``to_v``, ``to_out.0``); the CLIP text encoders and the VAE stay frozen. SDXL's extra conditioning is the
 stock pipeline's: the second encoder's pooled embedding and the six size numbers ``(original size, crop
@@ -43,9 +43,9 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.backbones.diffusers_pipeline import DiffusersFlowPolicy, PipelineOptions
-from gyremedia.backbones.tiny.sd import TinySDOptions, TinySDXLOptions, build_tiny_sd_pipeline
 from gyremedia.interfaces import BuildContext
 from gyremedia.sampling import per_sample
+from gyremedia.tiny.sd import TinySDOptions, TinySDXLOptions, build_tiny_sd_pipeline
 
 PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
 

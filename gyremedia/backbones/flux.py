@@ -1,6 +1,6 @@
 """Flow-matching text-to-image backbone on diffusers' FLUX.1 (dev, schnell and their fine-tunes).
 
-Loads a ``FluxPipeline`` folder or hub id (or builds a tiny one, :mod:`gyremedia.backbones.tiny.flux`) and
+Loads a ``FluxPipeline`` folder or hub id (or builds a tiny one, :mod:`gyremedia.tiny.flux`) and
 trains its transformer (see :mod:`gyremedia.backbones.diffusers_pipeline` for what every diffusers flow backbone
 shares). What is FLUX's own:
 
@@ -22,10 +22,10 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.backbones.diffusers_pipeline import DiffusersFlowPolicy, PipelineOptions, image_size
-from gyremedia.backbones.tiny.flux import TinyFluxOptions, build_tiny_flux_pipeline
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import option
+from gyremedia.tiny.flux import TinyFluxOptions, build_tiny_flux_pipeline
 
 # The usual FLUX.1 LoRA targets (fal's trainer, Flow-Factory): every attention projection of the double-stream
 # blocks (image and text side), their feed-forwards, and the single-stream blocks' q/k/v (``attn.to_*``).

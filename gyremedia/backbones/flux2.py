@@ -1,7 +1,7 @@
 """Flow-matching text-to-image backbone on diffusers' FLUX.2: [klein] (base and step-distilled) and [dev].
 
 Loads a ``Flux2KleinPipeline`` or ``Flux2Pipeline`` folder or hub id (the class its ``model_index.json``
-names), or builds a tiny one (:mod:`gyremedia.backbones.tiny.flux2`), and trains its transformer (see
+names), or builds a tiny one (:mod:`gyremedia.tiny.flux2`), and trains its transformer (see
 :mod:`gyremedia.backbones.diffusers_pipeline` for what every diffusers flow backbone shares). What is FLUX.2's own:
 
 - The sampler's state is the *patchified, BatchNorm-normalised* latent ``[128, h/2, w/2]`` (4 x 32 VAE channels
@@ -26,11 +26,11 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.backbones.diffusers_pipeline import DiffusersFlowPolicy, PipelineOptions, image_size, unit_range
-from gyremedia.backbones.tiny.flux2 import TinyFlux2Options, build_tiny_flux2_pipeline
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, option
 from gyremedia.rollout import Media
+from gyremedia.tiny.flux2 import TinyFlux2Options, build_tiny_flux2_pipeline
 
 FLUX2_PIPELINES = ("Flux2KleinPipeline", "Flux2Pipeline")
 # Single-stream blocks named by the default LoRA targets: FLUX.2 [dev]'s 48 (the transformer's default), the

@@ -24,11 +24,11 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.backbones.diffusers_pipeline import DiffusersFlowPolicy, PipelineOptions, unit_range
-from gyremedia.backbones.tiny.sd3 import DEFAULT_WORDS, _byte_alphabet, learn_merges
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, option
 from gyremedia.rollout import Media
+from gyremedia.tiny.sd3 import DEFAULT_WORDS, _byte_alphabet, learn_merges
 
 # Every linear layer of a block: both streams' attention and feed-forward (the AdaLN ``img_mod`` / ``txt_mod``
 # are left out). The down-projections are ``*_mlp.net.2`` (a plain Linear), not ``net.2.proj``, which matches nothing.

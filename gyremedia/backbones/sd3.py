@@ -13,9 +13,9 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.backbones.diffusers_pipeline import DiffusersFlowPolicy, PipelineOptions, image_size
-from gyremedia.backbones.tiny.sd3 import TinySD3Options, build_tiny_sd3_pipeline
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import option
+from gyremedia.tiny.sd3 import TinySD3Options, build_tiny_sd3_pipeline
 
 
 @dataclass

@@ -17,11 +17,11 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.backbones.diffusers_pipeline import DiffusersFlowPolicy, PipelineOptions, unit_range
-from gyremedia.backbones.tiny.sd3 import DEFAULT_WORDS, build_t5_tokenizer
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, option
 from gyremedia.rollout import Media
+from gyremedia.tiny.sd3 import DEFAULT_WORDS, build_t5_tokenizer
 
 # the Wan VAEs' fixed compression: 4x in time (clips of 1 + 4k frames), at least 8x in space
 TEMPORAL_FACTOR = 4

@@ -20,8 +20,8 @@ from gyremedia import hookimpl
 from gyremedia.interfaces import LossOutput
 from gyremedia.options import OptionError, option
 from gyremedia.rollout import Rollout
-from gyremedia.sampling import draw_noise, per_sample, renoise
 from gyremedia.runtime.streams import Stream, sample_generators, stream_rng
+from gyremedia.sampling import draw_noise, per_sample, renoise
 
 
 @dataclass

@@ -20,11 +20,11 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.interfaces import BuildContext, LossOutput, ObjectiveContext, Transition
-from gyremedia.rollout import Rollout
 from gyremedia.objectives.clipped_ratio import clipped, clipped_ratio_loss
 from gyremedia.options import option
-from gyremedia.sampling import replay_transition
+from gyremedia.rollout import Rollout
 from gyremedia.runtime.streams import Stream, stream_rng
+from gyremedia.sampling import replay_transition
 
 
 @dataclass

@@ -36,11 +36,11 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.advantages import group_advantages
-from gyremedia.runtime.distributed import to_device, to_host
-from gyremedia.options import option
 from gyremedia.interfaces import BuildContext, ObjectiveContext, Transition
 from gyremedia.objectives.grpo import GRPOObjective, GRPOOptions
+from gyremedia.options import option
 from gyremedia.rollout import Rollout
+from gyremedia.runtime.distributed import to_device, to_host
 from gyremedia.tree import subtree_values
 
 

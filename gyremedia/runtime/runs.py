@@ -12,10 +12,10 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from gyremedia.runtime import checkpoint as ckpt
 from gyremedia.config import ConfigError, ResolvedConfig, load_config, resolve_config
 from gyremedia.interfaces import BuildContext
 from gyremedia.registry import PluginHost
+from gyremedia.runtime import checkpoint as ckpt
 
 logger = logging.getLogger("gyremedia")
 

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gyremedia.runtime import checkpoint as ckpt
 from gyremedia import hookimpl
-from gyremedia.runtime import sharding
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.registry import call_each
+from gyremedia.runtime import checkpoint as ckpt
+from gyremedia.runtime import sharding
 from gyremedia.runtime.runs import RESOLVED_CONFIG, changed_settings
 from gyremedia.state import TrainState
 

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.runtime.distributed import global_nanmeans, raise_together
 from gyremedia.rollout import Rollout
+from gyremedia.runtime.distributed import global_nanmeans, raise_together
 from gyremedia.scoring import RewardError, reward_error
 from gyremedia.stages.advantages import weighted_rewards
 from gyremedia.state import TrainState

@@ -10,11 +10,11 @@ from typing import Any, cast
 
 import torch
 
-from gyremedia.runtime import checkpoint as ckpt
 from gyremedia import hookimpl
-from gyremedia.runtime.distributed import average_gradients, host_floats, means_over_ranks
 from gyremedia.interfaces import LossOutput, ObjectiveContext, Preparing
 from gyremedia.rollout import Rollout
+from gyremedia.runtime import checkpoint as ckpt
+from gyremedia.runtime.distributed import average_gradients, host_floats, means_over_ranks
 from gyremedia.sampling import KeptForwards
 from gyremedia.state import TrainState
 

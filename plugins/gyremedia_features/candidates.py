@@ -16,11 +16,11 @@ import torch
 
 from gyremedia import hookimpl
 from gyremedia.config import ConfigError
-from gyremedia.runtime.distributed import means_over_ranks, raise_together
 from gyremedia.interfaces import RolloutRequest
+from gyremedia.runtime.distributed import means_over_ranks, raise_together
+from gyremedia.runtime.streams import Stream
 from gyremedia.stages.advantages import weighted_rewards
 from gyremedia.state import TrainState
-from gyremedia.runtime.streams import Stream
 
 
 def contrastive_subset(rewards: torch.Tensor, keep: int) -> torch.Tensor:

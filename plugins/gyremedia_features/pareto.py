@@ -14,15 +14,14 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from tqdm.auto import tqdm
 
 from gyremedia import evaluation, hookimpl
 from gyremedia.config import ResolvedConfig
 from gyremedia.interfaces import BuildContext, RolloutRequest
 from gyremedia.media_io import plot_pareto_front
-from gyremedia.state import TrainState
 from gyremedia.runtime.streams import Stream, stream_rng
+from gyremedia.state import TrainState
 
 logger = logging.getLogger("gyremedia")
 

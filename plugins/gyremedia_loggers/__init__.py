@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gyremedia import hookimpl
-from gyremedia.runtime.checkpoint import write_atomically
 from gyremedia.media_io import read_jsonl
 from gyremedia.options import option
+from gyremedia.runtime.checkpoint import write_atomically
 
 
 @dataclass

@@ -20,7 +20,6 @@ import torch
 from gyremedia.interfaces import LossOutput
 from gyremedia.objectives.token_grpo import bounded_log_ratio
 
-
 #: verl's bound on the estimate (``d`` is bounded by :func:`gyremedia.objectives.token_grpo.bounded_log_ratio`).
 K3_BOUND = 10.0
 

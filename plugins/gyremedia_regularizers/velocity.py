@@ -34,9 +34,9 @@ from typing import Any, Literal
 import torch
 
 from gyremedia import hookimpl
-from gyremedia.runtime.distributed import global_nanmeans
 from gyremedia.interfaces import BuildContext, LossOutput, Transition
 from gyremedia.options import option
+from gyremedia.runtime.distributed import global_nanmeans
 from gyremedia_regularizers.adaptive import AdaptiveOptions, RewardAdaptiveStrength
 
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import ipaddress
 import io
+import ipaddress
 import json
 import logging
 import math

@@ -2,8 +2,8 @@
 
 from gyremedia import hookimpl
 from gyremedia_samplers.cps import CPSOptions, CPSSampler
-from gyremedia_samplers.ddim import DDIMEtaOptions, DDIMEtaSampler
 from gyremedia_samplers.dance_sde import DanceSDEOptions, DanceSDESampler
+from gyremedia_samplers.ddim import DDIMEtaOptions, DDIMEtaSampler
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
 from gyremedia_samplers.ode import EulerODESampler, HeunODESampler
 from gyremedia_samplers.window import WindowOptions, WindowSampler

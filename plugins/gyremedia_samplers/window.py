@@ -28,8 +28,8 @@ import torch
 from gyremedia import hookimpl
 from gyremedia.interfaces import Transition
 from gyremedia.options import OptionError, option
-from gyremedia.sampling import stochastic_steps
 from gyremedia.runtime.streams import Stream, stream_rng
+from gyremedia.sampling import stochastic_steps
 from gyremedia_samplers.cps import CPSOptions, CPSSampler
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
 from gyremedia_samplers.ode import EulerODESampler

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gyremedia.backbones.tiny.sd import TinySDOptions, build_tiny_sd_pipeline
-from gyremedia.backbones.tiny.sd3 import TinySD3Options, add_silent_t5, build_tiny_sd3_pipeline
 from gyremedia.sampling import renoise
+from gyremedia.tiny.sd import TinySDOptions, build_tiny_sd_pipeline
+from gyremedia.tiny.sd3 import TinySD3Options, add_silent_t5, build_tiny_sd3_pipeline
 from gyremedia_shapes.verifier import verify
 from gyremedia_shapes.world import CANVAS, VOCABULARY, record, render_batch, split_prompts
 

@@ -26,8 +26,8 @@ from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolic
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import existing_folder, option
 from gyremedia.rollout import Media
-from gyremedia.sampling import sample_trajectories
 from gyremedia.runtime.streams import Stream, sample_generators
+from gyremedia.sampling import sample_trajectories
 from gyremedia_world.env import ACTIONS, CLIP_FRAMES, FRAME, parse_prompt
 
 WORLD_FILE = "world.json"  # what the model was trained on: frame size, clip length, actions, fps

@@ -18,14 +18,13 @@ import numpy as np
 import torch
 
 from gyremedia import evaluation
-from gyremedia.runtime import runs
 from gyremedia.config import asset_path
 from gyremedia.media_io import save_video_grid
 from gyremedia.plugins import PluginManager
+from gyremedia.runtime import runs
 from gyremedia_world.env import ACTIONS, Episode, parse_prompt
 from gyremedia_world.inverse_dynamics import InverseDynamicsModel
 from gyremedia_world.rewards import psnr, ssim
-
 
 GIF_EPISODES = 8
 

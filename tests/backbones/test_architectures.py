@@ -12,11 +12,11 @@ import sys
 
 import numpy as np
 import pytest
+from backbone_checks import ode_samples
 
 from gyremedia.cli import main
 from gyremedia.plugins import PluginManager
 from gyremedia.runtime.runs import build_backbone, load_trained_weights, run_config
-from backbone_checks import ode_samples
 from gyremedia_samplers.ddim import DDIMEtaOptions, DDIMEtaSampler
 
 # backbone name -> the stock pipeline's output field

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 import torch
-from compile_checks import train_eager_and_compiled
 
+from compile_checks import train_eager_and_compiled
 from gyremedia.config import ConfigError
 from gyremedia.interfaces import BuildContext, RolloutRequest
 from gyremedia.plugins import PluginManager

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from backbone_checks import check_adapters_switch_off, ode_samples, one_thread  # noqa: F401 - an autouse fixture
 from omegaconf import OmegaConf
 
 from gyremedia.backbones.diffusion import DiffusionBackbone, flow_to_vp, split_prediction
@@ -26,7 +27,6 @@ from gyremedia.plugins import PluginManager
 from gyremedia.rollout import Rollout
 from gyremedia.sampling import renoise, replay_transition, sample_generators, sample_trajectories
 from gyremedia_samplers.ddim import DDIMEtaOptions, DDIMEtaSampler
-from backbone_checks import check_adapters_switch_off, ode_samples, one_thread  # noqa: F401 - an autouse fixture
 
 PLUGINS = PluginManager()
 PROMPTS, SEEDS = ["a red circle", "two green triangles"], [5, 6]
@@ -117,7 +117,7 @@ def test_a_zero_terminal_snr_schedule_starts_from_pure_noise_where_the_unet_is_d
     x, conditions = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0)), backbone.encode(PROMPTS)
     v = backbone.predict(x, sigmas[0], conditions)  # at pure noise v = -x0
     torch.testing.assert_close(backbone.flow_velocity(x, torch.ones(2), conditions), x + v, atol=1e-5, rtol=0)
-    from gyremedia.backbones.tiny.sd import TinySDOptions
+    from gyremedia.tiny.sd import TinySDOptions
 
     errors = [str(e) for e in validate(TinySDOptions(zero_terminal_snr=True))]  # an epsilon UNet cannot
     assert len(errors) == 1 and "zero_terminal_snr" in errors[0] and "v_prediction" in errors[0]
@@ -126,7 +126,7 @@ def test_a_zero_terminal_snr_schedule_starts_from_pure_noise_where_the_unet_is_d
 @pytest.mark.parametrize("prediction", [*PREDICTIONS, "sample"])
 def test_prediction_conversions_agree_with_add_noise(prediction):
     """``scheduler.add_noise`` states, the scheduler's own training targets, and the flow path's scaled states."""
-    from gyremedia.backbones.tiny.sd import sd_scheduler
+    from gyremedia.tiny.sd import sd_scheduler
 
     scheduler = sd_scheduler(prediction)
     g = torch.Generator().manual_seed(0)

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from backbone_checks import check_adapters_switch_off, ode_samples, one_thread  # noqa: F401 - an autouse fixture
 from omegaconf import OmegaConf
 
 from gyremedia.backbones import flux
 from gyremedia.backbones.flux import FluxBackbone, FluxOptions
-from gyremedia.backbones.tiny.flux import TinyFluxOptions
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, validate
 from gyremedia.plugins import PluginManager
-from backbone_checks import ode_samples, check_adapters_switch_off, one_thread  # noqa: F401 - an autouse fixture
+from gyremedia.tiny.flux import TinyFluxOptions
 
 PLUGINS = PluginManager()
 PROMPTS, SEEDS = ["a red circle", "two green triangles"], [5, 6]

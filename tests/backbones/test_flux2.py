@@ -8,14 +8,14 @@ import json
 
 import pytest
 import torch
+from backbone_checks import check_adapters_switch_off, ode_samples, one_thread  # noqa: F401 - an autouse fixture
 from omegaconf import OmegaConf
 
 from gyremedia.backbones import flux2
 from gyremedia.backbones.flux2 import Flux2Backbone, Flux2Options
-from gyremedia.backbones.tiny.flux2 import TinyFlux2Options
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, validate
-from backbone_checks import ode_samples, check_adapters_switch_off, one_thread  # noqa: F401 - an autouse fixture
+from gyremedia.tiny.flux2 import TinyFlux2Options
 
 PROMPTS, SEEDS = ["a red circle", "two green triangles"], [5, 6]
 # klein's chat template takes ~14 tokens around the prompt; [dev]'s system message ~30 before it

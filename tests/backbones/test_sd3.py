@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from backbone_checks import ode_samples, one_thread  # noqa: F401 - an autouse fixture
 from omegaconf import OmegaConf
 
 from gyremedia.backbones.sd3 import FlowMatchingBackbone, FlowMatchingOptions
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError, validate
 from gyremedia.plugins import PluginManager
-from backbone_checks import ode_samples, one_thread  # noqa: F401 - an autouse fixture
 
 PROMPTS, SEEDS = ["a red circle", "a blue square"], [0, 1]
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from gyremedia.backbones.tiny.sd3 import DEFAULT_WORDS, TinySD3Options, build_clip_tokenizer, build_tiny_sd3_pipeline
+from gyremedia.tiny.sd3 import DEFAULT_WORDS, TinySD3Options, build_clip_tokenizer, build_tiny_sd3_pipeline
 from gyremedia_shapes.world import VOCABULARY
 
 

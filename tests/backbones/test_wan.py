@@ -7,13 +7,13 @@ import json
 
 import pytest
 import torch
+from backbone_checks import ode_samples, one_thread  # noqa: F401 - an autouse fixture
 
 from gyremedia.backbones import wan
 from gyremedia.backbones.transformer_policy import LoraOptions, adapters_disabled
 from gyremedia.interfaces import BuildContext
 from gyremedia.options import OptionError
 from gyremedia.plugins import PluginManager
-from backbone_checks import ode_samples, one_thread  # noqa: F401 - an autouse fixture
 
 PROMPTS, SEEDS = ["a red circle", "two green triangles"], [5, 6]
 TEXT = 16  # text tokens: short, and not the pipeline's default (512), so generation_arguments must carry it

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from gyremedia.config import ConfigError
-from gyremedia.options import validate
 from gyremedia.interfaces import BuildContext, ObjectiveContext
 from gyremedia.objectives.grpo import GRPOObjective, GRPOOptions
+from gyremedia.options import validate
 from gyremedia.rollout import Rollout
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
 
@@ -162,8 +162,8 @@ def test_transition_selection_never_trains_a_deterministic_step(selection):
 
 def test_cps_rollouts_leave_the_deterministic_last_step_out_of_training(make_config):
     from gyremedia.plugins import PluginManager
-    from gyremedia.sampling import sample_trajectories
     from gyremedia.runtime.streams import sample_generators
+    from gyremedia.sampling import sample_trajectories
 
     config = make_config("sampler={name: cps}")
     context = BuildContext(device=torch.device("cpu"))

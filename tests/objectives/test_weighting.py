@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-from gyremedia.options import validate
 from gyremedia import hookimpl
 from gyremedia.cli import main
 from gyremedia.config import ConfigError
@@ -22,6 +21,7 @@ from gyremedia.objectives.weighting import (
     GHuberOptions,
     power_weight,
 )
+from gyremedia.options import validate
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from gyremedia.stages.rollout import rollout_request
-from gyremedia_features.candidates import CandidatePools, contrastive_subset
 from gyremedia.config import ConfigError
 from gyremedia.plugins import PluginManager
 from gyremedia.runtime.streams import Stream, sample_generators
+from gyremedia.stages.rollout import rollout_request
 from gyremedia.trainer import Trainer
+from gyremedia_features.candidates import CandidatePools, contrastive_subset
 
 
 def test_the_contrastive_subset_is_each_groups_best_and_worst():

@@ -11,6 +11,11 @@ import math
 import numpy as np
 import pytest
 import torch
+
+from gyremedia.data import Prompt, read_prompts
+from gyremedia.options import validate
+from gyremedia.rollout import Media
+from gyremedia.scoring import call_reward
 from gyremedia_rewards.geneval import (
     CLASSES,
     COLORS,
@@ -31,11 +36,6 @@ from gyremedia_rewards.geneval import (
     mask_boxes,
     relative_position,
 )
-
-from gyremedia.data import Prompt, read_prompts
-from gyremedia.options import validate
-from gyremedia.rollout import Media
-from gyremedia.scoring import call_reward
 
 
 def det(label: str, box: tuple[float, float, float, float], score: float = 0.95) -> Detection:

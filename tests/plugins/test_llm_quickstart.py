@@ -11,6 +11,7 @@ import json
 import time
 
 import pytest
+
 from cli_runs import gyremedia
 
 MIN_POINTS, MAX_MINUTES = 20, 10

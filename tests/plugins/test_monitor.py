@@ -11,10 +11,10 @@ import torch
 
 from gyremedia.config import ConfigError, MonitorSection
 from gyremedia.evaluation import EvalResult
-from gyremedia_features.monitor import HackingMonitor
 from gyremedia.plugins import PluginManager
 from gyremedia.rollout import Media
 from gyremedia.trainer import Trainer
+from gyremedia_features.monitor import HackingMonitor
 
 
 class Constant:

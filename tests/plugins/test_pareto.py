@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_runs import gyremedia
 
+from cli_runs import gyremedia
 from gyremedia.advantages import combined_advantages
 from gyremedia.config import ConfigError
 from gyremedia.interfaces import BuildContext

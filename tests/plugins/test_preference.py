@@ -10,7 +10,6 @@ import torch
 from PIL import Image
 
 from gyremedia.rollout import Media
-from tiny_clip import save_tiny_clip
 from gyremedia_rewards.preference import (
     AestheticOptions,
     AestheticScore,
@@ -19,6 +18,7 @@ from gyremedia_rewards.preference import (
     aesthetic_head,
     projected,
 )
+from tiny_clip import save_tiny_clip
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle"]
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gyremedia.options import validate
 from gyremedia.config import ConfigError
 from gyremedia.interfaces import BuildContext, Transition
+from gyremedia.options import validate
 from gyremedia.plugins import PluginManager
-from gyremedia_regularizers.velocity import transition_kl
 from gyremedia.trainer import Trainer
 from gyremedia_regularizers.adaptive import AdaptiveOptions, RewardAdaptiveStrength
-from gyremedia_regularizers.velocity import norm_hinge
+from gyremedia_regularizers.velocity import norm_hinge, transition_kl
 
 REGULARIZERS = "regularizers=[{name: velocity_norm_hinge, weight: 1.0}, {name: velocity_kl, weight: 0.1}]"
 

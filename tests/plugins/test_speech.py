@@ -20,8 +20,8 @@ from gyremedia.interfaces import BuildContext, ObjectiveContext
 from gyremedia.media_io import read_wav
 from gyremedia.plugins import PluginManager
 from gyremedia.rollout import Media, Rollout
-from gyremedia.sampling import replay_transition, sample_trajectories
 from gyremedia.runtime.streams import sample_generators
+from gyremedia.sampling import replay_transition, sample_trajectories
 from gyremedia.trainer import Trainer
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
 from gyremedia_samplers.ode import EulerODESampler

@@ -12,6 +12,7 @@ is above zero. docs/benchmarks.md has the figures over 3 seeds.
 import json
 
 import pytest
+
 from cli_runs import gyremedia
 
 REWARDED = ("pesq", "estoi", "dnsmos")

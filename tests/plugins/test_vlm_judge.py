@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gyremedia.options import validate
 from gyremedia.config import RewardSettings, Selected
+from gyremedia.options import validate
 from gyremedia.rollout import Media
 from gyremedia.scoring import RewardError, Scorer
 from gyremedia_rewards.vlm_judge import PRESETS, JudgeReplyError, VlmJudge, VlmJudgeOptions

@@ -10,11 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
-from gyremedia.options import validate
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.cli import bundled_config, main
 from gyremedia.config import ConfigError, load_config, resolve_config
 from gyremedia.interfaces import BuildContext
+from gyremedia.options import validate
 from gyremedia.plugins import PluginManager
 from gyremedia.rollout import Media
 from gyremedia.trainer import Trainer

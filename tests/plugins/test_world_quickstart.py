@@ -12,8 +12,8 @@ The run folder holds the before/after GIFs.
 import json
 
 import pytest
-from cli_runs import gyremedia
 
+from cli_runs import gyremedia
 from gyremedia.config import asset_path
 
 MIN_POINTS, MAX_PSNR_LOSS = 3, 0.0

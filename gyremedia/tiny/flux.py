@@ -13,8 +13,8 @@ from typing import Literal
 
 import torch
 
-from gyremedia.backbones.tiny.sd3 import DEFAULT_WORDS, build_clip_tokenizer, build_t5_tokenizer, build_tiny_vae
 from gyremedia.options import OptionError, option
+from gyremedia.tiny.sd3 import DEFAULT_WORDS, build_clip_tokenizer, build_t5_tokenizer, build_tiny_vae
 
 # FLUX.1's VAE latent statistics (AutoencoderKL of black-forest-labs/FLUX.1-dev)
 FLUX_VAE_SCALING, FLUX_VAE_SHIFT = 0.3611, 0.1159

@@ -3,7 +3,7 @@
 
 Stock diffusers/transformers parts only: a ``UNet2DConditionModel`` (epsilon- or v-prediction, set in its
 DDIM scheduler's config), one CLIP text encoder (``CLIPTextModel``: SD 1.x conditions on its last hidden
-state) with the word-level tokenizer of :func:`gyremedia.backbones.tiny.sd3.build_clip_tokenizer`, an
+state) with the word-level tokenizer of :func:`gyremedia.tiny.sd3.build_clip_tokenizer`, an
 AutoencoderKL and a ``DDIMScheduler`` with Stable Diffusion 1.x's noise schedule. No safety checker
 (``requires_safety_checker=False`` in the saved config), so ``StableDiffusionPipeline.from_pretrained(folder)``
 loads an export with no other argument. The SDXL replica adds what SDXL adds: a second encoder with a
@@ -19,8 +19,8 @@ from typing import Literal
 
 import torch
 
-from gyremedia.backbones.tiny.sd3 import DEFAULT_WORDS, build_clip_tokenizer, build_tiny_vae
 from gyremedia.options import OptionError, option
+from gyremedia.tiny.sd3 import DEFAULT_WORDS, build_clip_tokenizer, build_tiny_vae
 
 
 @dataclass

@@ -15,9 +15,9 @@ from typing import Literal
 import torch
 
 from gyremedia.backbones.qwen_image import build_qwen2_tokenizer
-from gyremedia.backbones.tiny.flux import FLUX_DEV_SCHEDULER
-from gyremedia.backbones.tiny.sd3 import DEFAULT_WORDS
 from gyremedia.options import OptionError, option
+from gyremedia.tiny.flux import FLUX_DEV_SCHEDULER
+from gyremedia.tiny.sd3 import DEFAULT_WORDS
 
 # The pipelines concatenate the text encoder's hidden states after these layers (their default
 # text_encoder_out_layers, which a folder does not store): the tiny encoders are just deep enough, so an
