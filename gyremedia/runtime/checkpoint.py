@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from safetensors.torch import load, save
 
-from gyremedia.runtime.distributed import raise_together
+from gyremedia.runtime.distributed import any_rank, largest_on_any_rank, raise_together
 
 logger = logging.getLogger("gyremedia")
 
@@ -230,19 +230,6 @@ _PLAIN_ONLY = (
 )
 
 
-def _all_ranks_ok(accelerator, ok: bool) -> bool:
-    """Whether every rank succeeded (one collective), so no rank waits at a barrier another never reaches."""
-    return _worst_on_any_rank(accelerator, 0 if ok else 1) == 0
-
-
-def _worst_on_any_rank(accelerator, code: int) -> int:
-    """The largest of every rank's ``code`` (one collective)."""
-    if accelerator.num_processes == 1:
-        return code
-    codes = accelerator.gather(torch.tensor([float(code)], device=accelerator.device))
-    return int(codes.max().item())
-
-
 def _write_state(
     tmp: Path,
     plugins: dict[str, Any],
@@ -361,7 +348,7 @@ def save_checkpoint(
 
 def _stop_unless_written(accelerator, error: Exception | None, tmp: Path, step: int) -> None:
     """On every rank: raise :class:`CheckpointError` (after removing the temporary folder) if any rank failed."""
-    if _all_ranks_ok(accelerator, error is None):
+    if not any_rank(accelerator, error is not None)[0]:  # no rank waits at a barrier another never reaches
         return
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -485,7 +472,7 @@ def read_latest_checkpoint(accelerator, run_dir: Path) -> LoadedCheckpoint | Non
             error, code = exc, 1
         except Exception as exc:  # noqa: BLE001 - unsafe, or not the checkpoint's fault (a read error, out of memory)
             error, code = exc, 2
-        worst = _worst_on_any_rank(accelerator, code)
+        worst = int(largest_on_any_rank(accelerator, code)[0])
         if worst == 0:
             return loaded
         if worst == 2:  # every process stops, the checkpoint left where it is

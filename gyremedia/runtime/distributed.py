@@ -40,12 +40,17 @@ def raise_together(accelerator, error: BaseException | None) -> None:
     raise FailedElsewhere(f"process {rank} failed, so every process stops: {message}", code)
 
 
-def any_rank(accelerator, *flags: bool) -> list[bool]:
-    """Each flag, true if it is true on any rank (one collective), so every rank takes the same branch."""
+def largest_on_any_rank(accelerator, *values: float) -> list[float]:
+    """Each value's largest over the ranks (one collective), so every rank takes the same branch."""
     if accelerator.num_processes == 1:
-        return list(flags)
-    local = torch.tensor([float(f) for f in flags], device=accelerator.device)
-    return [bool(v) for v in (accelerator.gather(local[None]).amax(dim=0) > 0).tolist()]
+        return list(values)
+    local = torch.tensor([float(v) for v in values], device=accelerator.device)
+    return accelerator.gather(local[None]).amax(dim=0).tolist()
+
+
+def any_rank(accelerator, *flags: bool) -> list[bool]:
+    """Each flag, true if it is true on any rank (one collective)."""
+    return [value > 0 for value in largest_on_any_rank(accelerator, *map(float, flags))]
 
 
 def gather_by_sample(accelerator, sample_ids: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -14,7 +14,7 @@ from gyremedia import hookimpl
 from gyremedia.interfaces import LossOutput, ObjectiveContext, Preparing
 from gyremedia.rollout import Rollout
 from gyremedia.runtime import checkpoint as ckpt
-from gyremedia.runtime.distributed import average_gradients, host_floats, means_over_ranks
+from gyremedia.runtime.distributed import any_rank, average_gradients, host_floats, means_over_ranks
 from gyremedia.sampling import KeptForwards
 from gyremedia.state import TrainState
 
@@ -104,7 +104,7 @@ def step_optimizer(
     for key, value in values.items():
         sums[key] = sums.get(key, 0.0) + value
     # Every rank takes the same decision (a NaN on one rank reaches the others' gradients anyway).
-    if means_over_ranks(acc, {"not_finite": float(bool(not_finite))})["not_finite"] > 0:
+    if any_rank(acc, bool(not_finite))[0]:
         if train.on_nonfinite == "stop":
             raise NonFiniteLoss(
                 step + 1,
