@@ -2,7 +2,7 @@
 
     python benchmarks/async_scoring.py [--steps 6] [--delay 1.0]
 
-Trains the quickstart model (configs/quickstart.yaml) with its verifier reward wrapped to take
+Trains the quickstart model (configs/quickstart_nft.yaml, DiffusionNFT) with its verifier reward wrapped to take
 ``--delay`` extra seconds per call, as a remote judge would, once with ``rollout.async_scoring=false``
 and once with ``true``, and prints the mean step time (sampling + scoring + update; the first step,
 which has nothing to overlap with, excluded) and their ratio. Both runs are measured here, now.
@@ -25,7 +25,7 @@ from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart_nft.yaml"
 
 
 class SlowPlugin:

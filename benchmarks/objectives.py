@@ -1,20 +1,18 @@
-"""Which objective learns the quickstart world fastest? NFEs and wall time to a target, per objective.
+"""Which objective learns the quickstart world fastest? NFEs and wall time to +10 and +20 held-out points.
 
-    python benchmarks/objectives.py [--seeds 0 1 2] [--jobs 2] [--eval-every 25] [--gain 10] [--objectives ...]
+    python benchmarks/objectives.py [--seeds 0 1 2] [--jobs 2] [--eval-every 10] [--gains 10 20] [--objectives ...]
 
-Runs each objective's config (OBJECTIVES: Flow-GRPO's recipe, configs/quickstart_grpo.yaml, is the
-baseline; the same at its previous learning rate, 2e-4, and full-SDE GRPO, MixGRPO's window and TreeGRPO's
-trees on that; DiffusionNFT, Sol-RL's two-stage rollouts on it, and AWM on configs/quickstart.yaml) once per
-seed from the same base model, counting every transformer forward row (NFEs: sampling, training,
-old-policy and reference passes; evaluation excluded) and the wall time of the training steps (evaluation
-excluded). Held-out accuracy is measured every ``--eval-every`` steps on the quickstart's 256 fixed-seed
-samples. Prints, per objective (mean over seeds): NFEs and seconds to reach base + ``--gain`` points,
-accuracy at the largest NFE budget every run covers, and ratios against the baseline measured in the same
-run. A baseline seed that never reaches the target counts with its whole run, which makes a ratio a lower
-bound (printed as ">="). Reaching the target is also read off the seeds' mean curve (each seed's accuracy
-linear in NFEs between evaluations, averaged, then the first NFE count at the target): steadier than the
-mean of each seed's first evaluation at the target, which one seed's early or late crossing moves.
-Writes the curves to ``--out`` (JSON) and a plot beside it.
+Runs each objective's config (OBJECTIVES; the first named is the baseline of the ratios: by default Flow-GRPO's
+recipe, configs/quickstart_grpo.yaml as it is) once per seed from the same base model, counting every
+transformer forward row (NFEs: sampling, training, old-policy and reference passes, and an offline objective's
+rollouts, written once before it trains; evaluation excluded) and the wall time of the training steps (and of
+those rollouts; evaluation excluded). Held-out accuracy is measured every ``--eval-every`` steps on the
+quickstart's 256 fixed-seed samples. For each target (base + each of ``--gains`` points) it prints the NFEs and
+seconds at which the seeds' mean curve reaches it (each seed's accuracy linear between evaluations, averaged) and
+their ratios to the baseline's, then the monitor's readings at the end: the held-out proxy (the verifier's
+partial credit, what training maximises) beside the gain in held-out accuracy (every criterion met on unseen
+prompts), the drift from the base and the in-group diversity. Writes the curves to ``--out`` (JSON) and a plot of
+the mean curves beside it.
 
     python benchmarks/objectives.py --report A.json B.json ...
 
@@ -39,11 +37,14 @@ import numpy as np
 import torch
 
 from gyremedia.config import load_config, resolve_config
+from gyremedia.offline import write_rollouts
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 FLOW_GRPO = CONFIGS / "quickstart_grpo.yaml"
+NFT = CONFIGS / "quickstart_nft.yaml"  # DiffusionNFT's quickstart: 10-step ODE rollouts, what the rows below start from
+QUICKSTART = CONFIGS / "quickstart.yaml"  # the quickstart: AWM on 10-step ODE rollouts
 #: The recipe's learning rate before it became 1.5e-4: the MixGRPO, full-SDE and tree rows of docs/benchmarks.md
 #: were measured on it, so their entries keep it.
 LR_2E4 = "train.learning_rate=2.0e-4"
@@ -54,6 +55,11 @@ TREE_GRPO = (
 )
 #: Two trees per group, each from its own initial noise, splitting in 2 at transitions 0 and 1 (8 leaves).
 TWO_ROOTS = ("rollout.branch_steps=[0, 1]", "rollout.branch_width=2", "rollout.branch_roots=2")
+#: Rollouts of 5 ODE steps, evaluation at the quickstart's 10.
+FIVE_STEPS = ["sampler={name: ode}", "rollout.num_steps=5", "eval.num_steps=10"]
+#: Flow-GRPO's transition selection, for the objectives that replace its loss on its recipe.
+CLIP = "clip_range: 1.0e-4, "  # GIPO and GRPO-Guard keep their own (a trust width, and the authors' 2e-6)
+RECIPE_SELECTION = CLIP + "transition_selection: first, timestep_fraction: 0.3, skip_zero_advantage: true"
 #: objective name -> (config, overrides, default steps); the baseline first: Flow-GRPO's recipe as its code trains it.
 OBJECTIVES = {
     "flow_grpo": (FLOW_GRPO, [], 150),
@@ -91,17 +97,59 @@ OBJECTIVES = {
         [LR_2E4, TREE_GRPO, "rollout.branch_steps=[1, 2]", "rollout.branch_width=2", "rollout.branch_roots=2"],
         150,
     ),
-    "nft": (CONFIGS / "quickstart.yaml", [], 100),
+    # The seed objectives (docs/objectives.md), each with its paper's or its code's defaults. The replaying ones on
+    # the Flow-GRPO recipe (its sampler, transitions, KL, minibatches and learning rate), the rest on the quickstart's.
+    "spatial_grpo": (
+        FLOW_GRPO,
+        [
+            f"objective={{name: spatial_grpo, {RECIPE_SELECTION}, credit_reward: shapes_surrogate}}",
+            "rewards=[shapes_verifier, {name: shapes_surrogate, weight: 0}]",
+        ],
+        150,
+    ),
+    # The same with the clip widened for per-token ratios: a token averages 16 of the latent's 1024 elements, so its
+    # log-ratio's spread is about sqrt(1024 / 16) = 8x the transition's, and 1e-4 clips most tokens of minibatch 2.
+    "spatial_grpo_clip8e-4": (
+        FLOW_GRPO,
+        [
+            f"objective={{name: spatial_grpo, {RECIPE_SELECTION.replace('1.0e-4', '8.0e-4')}, "
+            "credit_reward: shapes_surrogate}",
+            "rewards=[shapes_verifier, {name: shapes_surrogate, weight: 0}]",
+        ],
+        150,
+    ),
+    # The same with a uniform map: per-token ratios alone (the credit map's own effect is the difference).
+    "spatial_grpo_uniform": (
+        FLOW_GRPO,
+        [f"objective={{name: spatial_grpo, {RECIPE_SELECTION.replace('1.0e-4', '8.0e-4')}}}"],
+        150,
+    ),
+    "gipo": (FLOW_GRPO, [f"objective={{name: gipo, {RECIPE_SELECTION.replace(CLIP, '')}}}"], 150),
+    "grpo_guard": (FLOW_GRPO, [f"objective={{name: grpo_guard, {RECIPE_SELECTION.replace(CLIP, '')}}}"], 150),
+    "vgrpo": (NFT, ["objective={name: vgrpo}"], 100),
+    "crd": (NFT, ["objective={name: crd, kl_beta: 0.1}"], 100),
+    "dohf": (NFT, ["objective={name: dohf}"], 100),
+    # Offline: OFFLINE_STEPS steps of the base model's ODE samples written and scored once (their NFEs counted at
+    # the start of the curve), then trained on for every step.
+    "gdro": (NFT, ["objective={name: gdro}"], 100),
+    "nft": (NFT, [], 100),
+    # The forward-process objectives train on clean samples from any sampler: their rollouts with half the ODE
+    # steps (5), evaluated as every run is (10 steps), halve the sampling NFEs.
+    "awm_5_steps": (QUICKSTART, ["rollout.num_steps=5"], 100),  # the quickstart with 5-step rollouts
+    "vgrpo_5_steps": (NFT, ["objective={name: vgrpo}", *FIVE_STEPS], 100),
+    "nft_5_steps": (NFT, FIVE_STEPS, 100),
     # Sol-RL's two-stage rollouts on DiffusionNFT: per prompt 16 initial noises sampled with 5 ODE steps and
     # scored; the 4 best and 4 worst are sampled again at full quality and trained on.
-    "nft_two_stage": (CONFIGS / "quickstart.yaml", ["rollout.candidates=16", "rollout.candidate_steps=5"], 100),
-    "awm": (
-        CONFIGS / "quickstart.yaml",
-        ["objective={name: awm}", "sampler={name: ode}", "train.learning_rate=1e-4"],
-        100,
-    ),
+    "nft_two_stage": (NFT, ["rollout.candidates=16", "rollout.candidate_steps=5"], 100),
+    "awm": (QUICKSTART, [], 100),  # the quickstart as it is
 }
 ACCURACY = "eval/shapes_verifier/correct"
+PROXY = "eval/shapes_verifier"
+#: Objectives trained on saved rollouts (gyremedia rollout), and how many steps of rollouts they get.
+OFFLINE = {"gdro"}
+OFFLINE_STEPS = 24
+#: Every run also measures its drift from the base at each evaluation (the reward-hacking monitor's reading).
+MONITOR = ["monitor.drift=true"]
 
 
 class CountingTrainer(Trainer):
@@ -140,18 +188,20 @@ class CountingTrainer(Trainer):
                 "nfe": self.nfe,
                 "seconds": self.seconds,
                 "accuracy": metrics[ACCURACY],
+                "proxy": metrics.get(PROXY),
                 "diversity": metrics.get("eval/diversity"),
+                "drift": metrics.get("eval/drift"),
             }
         )
         return metrics
 
 
 def run(objective: str, seed: int, steps: int | None, eval_every: int, out: Path) -> list[dict]:
-    """One training run's evaluation curve (one torch thread, so parallel runs do not share cores)."""
+    """One training run's evaluation curve (one torch thread, so parallel runs do not share cores). An offline
+    objective's rollouts are written first; their NFEs and seconds start its curve."""
     torch.set_num_threads(1)
     config, objective_overrides, default_steps = OBJECTIVES[objective]
     steps = steps or default_steps
-    pm = PluginManager()
     overrides = [
         f"run.output_dir={out}",
         f"run.seed={seed}",
@@ -160,31 +210,31 @@ def run(objective: str, seed: int, steps: int | None, eval_every: int, out: Path
         "export.on_train_end=false",
         f"checkpoint.every={steps}",
         "logging.progress=false",
+        *MONITOR,
         *objective_overrides,
     ]
+    paid = (0, 0.0)  # NFEs and seconds spent before training (writing an offline objective's rollouts)
+    if objective in OFFLINE:
+        saved, pm = out.with_name(out.name + "-rollouts"), PluginManager()
+        writer = CountingTrainer(
+            resolve_config(load_config(config, [*overrides, f"run.output_dir={saved}", "logging.loggers=[]"]), pm), pm
+        )
+        writer.setup()
+        start = time.perf_counter()
+        write_rollouts(writer, saved, OFFLINE_STEPS, trajectories=False)
+        paid = (writer.nfe, time.perf_counter() - start)
+        overrides.append(f"data.offline={saved}")
+    pm = PluginManager()
     trainer = CountingTrainer(resolve_config(load_config(config, overrides), pm), pm)
     trainer.train()
-    return trainer.curve
+    return [point | {"nfe": point["nfe"] + paid[0], "seconds": point["seconds"] + paid[1]} for point in trainer.curve]
 
 
-def first_reaching(curve: list[dict], target: float, key: str) -> float | None:
-    """``key`` (nfe or seconds) at the first evaluation at or above ``target`` (None: never)."""
-    return next((point[key] for point in curve if point["accuracy"] >= target), None)
-
-
-def accuracy_at(curve: list[dict], budget: float) -> float:
-    """Held-out accuracy of the last evaluation within an NFE budget."""
-    return [p["accuracy"] for p in curve if p["nfe"] <= budget][-1]
-
-
-def mean(values: list[float | None]) -> float | None:
-    return None if any(v is None for v in values) else sum(values) / len(values)
-
-
-def mean_curve_reaching(runs: list[list[dict]], target: float, points: int = 2001) -> float | None:
-    """NFEs at which the seeds' mean accuracy first reaches ``target`` (None: never within every run's NFEs)."""
-    grid = np.linspace(0, min(c[-1]["nfe"] for c in runs), points)
-    mean_accuracy = np.mean([np.interp(grid, [p["nfe"] for p in c], [p["accuracy"] for p in c]) for c in runs], axis=0)
+def mean_curve_reaching(runs: list[list[dict]], target: float, key: str, points: int = 4001) -> float | None:
+    """``key`` (nfe or seconds) at which the seeds' mean held-out accuracy first reaches ``target``: each seed's
+    accuracy linear in ``key`` between its evaluations, averaged over seeds (None: never within every run)."""
+    grid = np.linspace(0, min(c[-1][key] for c in runs), points)
+    mean_accuracy = np.mean([np.interp(grid, [p[key] for p in c], [p["accuracy"] for p in c]) for c in runs], axis=0)
     reached = np.flatnonzero(mean_accuracy >= target)
     return float(grid[reached[0]]) if len(reached) else None
 
@@ -204,21 +254,15 @@ def merged_curves(paths: list[Path]) -> dict[str, list[list[dict]]]:
     return curves
 
 
-def cost_to_target(runs: list[list[dict]], target: float, key: str) -> tuple[float, bool]:
-    """Mean ``key`` to the target over seeds, a seed that never reached it counting with its whole run;
-    and whether every seed reached it (else the mean is a lower bound)."""
-    costs = [first_reaching(c, target, key) for c in runs]
-    whole = [c[-1][key] for c in runs]
-    return sum(w if c is None else c for c, w in zip(costs, whole)) / len(runs), all(c is not None for c in costs)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=None, help="steps of every run (default: each objective's own)")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel, one process and one torch thread each")
-    parser.add_argument("--eval-every", type=int, default=25)
-    parser.add_argument("--gain", type=float, default=10.0, help="target: base accuracy + this many points")
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument(
+        "--gains", type=float, nargs="+", default=[10.0, 20.0], help="targets: base accuracy + these many points"
+    )
     parser.add_argument(
         "--objectives",
         nargs="+",
@@ -236,7 +280,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.report:
-        report(merged_curves(args.report), args.gain, f"the curves of {', '.join(map(str, args.report))}")
+        report(merged_curves(args.report), args.gains, f"the curves of {', '.join(map(str, args.report))}")
         return
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
         futures = {
@@ -252,93 +296,89 @@ def main() -> None:
         f"(one thread per run){'' if not torch.accelerator.is_available() else ', ' + str(torch.accelerator.current_accelerator())}"
     )
     summary = report(
-        curves, args.gain, f"seeds {args.seeds}, {args.jobs} run(s) in parallel, eval every {args.eval_every}"
+        curves, args.gains, f"seeds {args.seeds}, {args.jobs} run(s) in parallel, eval every {args.eval_every}"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**summary, "curves": curves}, indent=1))
-    plot(curves, summary["target"], args.out.with_suffix(".png"))
+    plot(curves, summary["targets"], args.out.with_suffix(".png"))
     print(f"curves: {args.out}, plot: {args.out.with_suffix('.png')}")
 
 
-def report(curves: dict[str, list[list[dict]]], gain: float, how: str) -> dict[str, Any]:
+def report(curves: dict[str, list[list[dict]]], gains: list[float], how: str) -> dict[str, Any]:
     """Print the table of ``curves`` (the first objective the baseline); returns its figures."""
     baseline = next(iter(curves))
-    base = curves[baseline][0][0]["accuracy"]
-    target = base + gain / 100
-    budget = min(c[-1]["nfe"] for runs in curves.values() for c in runs)
-    rows = {}
+    base = float(np.mean([c[0]["accuracy"] for runs in curves.values() for c in runs]))
+    targets = [base + gain / 100 for gain in gains]
+    rows: dict[str, dict[str, Any]] = {}
     for objective, runs in curves.items():
+        last = [c[-1] for c in runs]
         rows[objective] = {
-            "nfe_to_target": mean([first_reaching(c, target, "nfe") for c in runs]),
-            "seconds_to_target": mean([first_reaching(c, target, "seconds") for c in runs]),
-            "nfe_cost": cost_to_target(runs, target, "nfe"),
-            "seconds_cost": cost_to_target(runs, target, "seconds"),
-            "mean_curve_nfe_to_target": mean_curve_reaching(runs, target),
-            "reached": sum(first_reaching(c, target, "nfe") is not None for c in runs),
-            "accuracy_at_budget": sum(accuracy_at(c, budget) for c in runs) / len(runs),
-            "final_diversity": sum(c[-1]["diversity"] for c in runs) / len(runs),
-            "nfe_per_step": sum(c[-1]["nfe"] / c[-1]["step"] for c in runs) / len(runs),
-            "final_gains": [c[-1]["accuracy"] - c[0]["accuracy"] for c in runs],
+            "reach": {
+                f"+{gain:g}": {key: mean_curve_reaching(runs, target, key) for key in ("nfe", "seconds")}
+                for gain, target in zip(gains, targets)
+            },
+            "nfe_per_step": float(np.mean([p["nfe"] / p["step"] for p in last])),
+            "final_gains": [p["accuracy"] - c[0]["accuracy"] for p, c in zip(last, runs)],
+            "final_proxy": mean_of([p.get("proxy") for p in last]),
+            "final_drift": mean_of([p.get("drift") for p in last]),
+            "final_diversity": mean_of([p.get("diversity") for p in last]),
+            "base_diversity": mean_of([c[0].get("diversity") for c in runs]),
         }
     steps = {o: runs[0][-1]["step"] for o, runs in curves.items()}
     print(
-        f"quickstart world, {how}, steps {steps}; base held-out accuracy {100 * base:.1f}%, target "
-        f"{100 * target:.1f}%, NFE budget {budget:,} (the largest every run covers)"
+        f"quickstart world, {how}, steps {steps}; base held-out accuracy {100 * base:.1f}%, targets "
+        + ", ".join(f"+{g:g} = {100 * t:.1f}%" for g, t in zip(gains, targets))
     )
-    ref = rows[baseline]
+    reach_header = " | ".join(f"NFEs to +{g:g} | vs {baseline} | seconds to +{g:g} | vs {baseline}" for g in gains)
     print(
-        f"| objective | reached target | NFEs to target | vs {baseline} | seconds to target | vs {baseline} "
-        f"| NFEs where the seeds' mean reaches it | vs {baseline} | NFEs per step | accuracy at budget "
-        f"| gain at the end (per seed, points) | diversity |"
+        f"| objective | {reach_header} | NFEs per step | gain at the end (per seed, points) | held-out proxy "
+        "| drift | diversity (base) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|" + "---|" * (4 * len(gains) + 5))
+    ref = rows[baseline]["reach"]
     for objective, row in rows.items():
-
-        def ratio(key):
-            if row[key] is None:
-                return "n/a"
-            baseline_cost, exact = ref[key.replace("_to_target", "_cost")]
-            return f"{'' if exact else '>= '}{baseline_cost / row[key]:.1f}x"
-
-        nfe = f"{row['nfe_to_target']:,.0f}" if row["nfe_to_target"] is not None else "not in every seed"
-        sec = f"{row['seconds_to_target']:.0f} s" if row["seconds_to_target"] is not None else "not in every seed"
-        on_mean, ref_mean = row["mean_curve_nfe_to_target"], ref["mean_curve_nfe_to_target"]
-        mean_nfe = f"{on_mean:,.0f}" if on_mean is not None else "never"
-        mean_ratio = f"{ref_mean / on_mean:.2f}x" if on_mean and ref_mean else "n/a"
+        cells = []
+        for gain in gains:
+            for key in ("nfe", "seconds"):
+                value, reference = row["reach"][f"+{gain:g}"][key], ref[f"+{gain:g}"][key]
+                cells.append("never" if value is None else f"{value:,.0f}" + (" s" if key == "seconds" else ""))
+                cells.append(f"{reference / value:.2f}x" if value and reference else "n/a")
         print(
-            f"| {objective} | {row['reached']}/{len(curves[objective])} | {nfe} | {ratio('nfe_to_target')} | {sec} | "
-            f"{ratio('seconds_to_target')} | {mean_nfe} | {mean_ratio} | {row['nfe_per_step']:.0f} | "
-            f"{100 * row['accuracy_at_budget']:.1f}% | {' / '.join(f'{100 * g:+.1f}' for g in row['final_gains'])} | "
-            f"{row['final_diversity']:.3f} |"
+            f"| {objective} | {' | '.join(cells)} | {row['nfe_per_step']:.0f} | "
+            f"{' / '.join(f'{100 * g:+.1f}' for g in row['final_gains'])} | {fmt(row['final_proxy'])} | "
+            f"{fmt(row['final_drift'])} | {fmt(row['final_diversity'])} ({fmt(row['base_diversity'])}) |"
         )
     print("per-seed held-out accuracy (%) at each evaluation:")
     for objective, runs in curves.items():
         print(f"  {objective}: " + " | ".join(" ".join(f"{100 * p['accuracy']:.1f}" for p in c) for c in runs))
-    return {"target": target, "base": base, "budget_nfe": budget, "rows": rows}
+    return {"targets": targets, "base": base, "rows": rows}
 
 
-def plot(curves: dict[str, list[list[dict]]], target: float, path: Path) -> None:
+def mean_of(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else float(np.mean(values))
+
+
+def fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def plot(curves: dict[str, list[list[dict]]], targets: list[float], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     for objective, runs in curves.items():
-        for i, curve in enumerate(runs):
-            ax.plot(
-                [p["nfe"] for p in curve],
-                [100 * p["accuracy"] for p in curve],
-                marker="o",
-                markersize=3,
-                color=f"C{list(curves).index(objective)}",
-                alpha=0.8,
-                label=objective if i == 0 else None,
-            )
-    ax.axhline(100 * target, color="grey", linestyle="--", label="target")
+        length = min(len(c) for c in runs)  # the seeds' evaluations, averaged point by point
+        nfe = np.mean([[p["nfe"] for p in c[:length]] for c in runs], axis=0)
+        accuracy = np.mean([[100 * p["accuracy"] for p in c[:length]] for c in runs], axis=0)
+        ax.plot(nfe, accuracy, marker="o", markersize=2, label=f"{objective} (mean of {len(runs)})")
+    for target in targets:
+        ax.axhline(100 * target, color="grey", linestyle="--")
     ax.set_xlabel("transformer forward passes per run (NFEs, evaluation excluded)")
     ax.set_ylabel("held-out accuracy (%)")
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,6 +1,6 @@
 """The trainer's overhead: the share of a training step spent outside the denoiser's forward and backward.
 
-    python benchmarks/overhead.py [--config configs/quickstart.yaml] [--steps 6] [--warmup 1] [key=value ...]
+    python benchmarks/overhead.py [--config configs/quickstart_nft.yaml] [--steps 6] [--warmup 1] [key=value ...]
 
 Builds the run (``Trainer.setup``), runs ``--warmup`` steps, then times ``--steps`` steps of
 ``Trainer.train_step`` (rollout, decode, rewards, advantages, optimizer; no evaluation, checkpoint or
@@ -43,7 +43,7 @@ from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart_nft.yaml"
 
 
 class StepClock:

@@ -25,7 +25,7 @@ backbone: the same transformer object). Printed, the best of ``--repeats`` timin
   their graphs, and the update trains on them instead of running the model again).
 
 ``--diffusion-nft``: its ``pipeline_with_logprob`` with its default solver (``dpm2``, deterministic) against
-gyremedia's ``ode`` rollout of the NFT quickstart (``configs/quickstart.yaml``), and one optimizer step of
+gyremedia's ``ode`` rollout of the NFT quickstart (``configs/quickstart_nft.yaml``), and one optimizer step of
 DiffusionNFT over the 2 re-noised levels of that config: its training loop's body (the old policy's forward
 without gradient, the policy's forward, the positive and implicit negative x0 losses with adaptive weights,
 backward; written here from its code, which is inline in ``scripts/train_nft_sd3.py``), its LoRA-only
@@ -80,7 +80,7 @@ from gyremedia.stages.update import gyremedia_update
 from gyremedia.trainer import Trainer
 
 QUICKSTART_GRPO = Path(__file__).resolve().parents[1] / "configs" / "quickstart_grpo.yaml"
-QUICKSTART_NFT = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+QUICKSTART_NFT = Path(__file__).resolve().parents[1] / "configs" / "quickstart_nft.yaml"
 STEPS, NOISE_LEVEL, TRAINED, CLIP = 10, 0.7, 3, 1e-4
 
 

@@ -27,7 +27,7 @@ from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart_nft.yaml"
 COMMON = [
     "rewards=[{name: shapes_verifier, criteria: [object, colour, count]}]",
     "monitor={gold: [{name: shapes_verifier, criteria: [position]}], drift: true}",

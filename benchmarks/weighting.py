@@ -2,7 +2,7 @@
 
     python benchmarks/weighting.py [--seeds 0] [--steps 100] [--weightings uniform t t2 ghuber budgeted dynamic]
 
-Trains AWM (configs/quickstart.yaml with ``objective={name: awm}``) once per (weighting, seed) from
+Trains AWM (configs/quickstart_nft.yaml with ``objective={name: awm}``) once per (weighting, seed) from
 the same base, the weighting selected by the ``weighting:`` section only. Prints held-out accuracy
 (256 fixed-seed samples) every 25 steps, the mean over seeds, each run's ratio to ``uniform``'s final
 gain measured in the same run, and what the adaptive ones chose (budgeted: the profile kept;
@@ -25,7 +25,7 @@ from gyremedia.objectives.weighting import BudgetedOptions
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart_nft.yaml"
 ACCURACY = "eval/shapes_verifier/correct"
 
 

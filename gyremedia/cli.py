@@ -82,6 +82,28 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from gyremedia.offline import write_rollouts
+    from gyremedia.runtime.runs import quiet_libraries
+    from gyremedia.trainer import Trainer
+
+    pm = PluginManager()
+    config_path, overrides = _split_args(args.args)
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out {out} is not empty: give a new folder (saved rollouts are never mixed)")
+    config = _resolve(config_path, [*overrides, f"run.output_dir={out}", "logging.loggers=[]"], pm)
+    if config.core.data.offline is not None:
+        raise ConfigError("data.offline trains on saved rollouts; `gyremedia rollout` writes them: leave it unset")
+    trainer = Trainer(config, pm)
+    quiet_libraries()
+    lines = write_rollouts(trainer, out, args.steps, args.trajectories)
+    if trainer.accelerator.is_main_process:
+        print("\n".join(lines))
+    trainer.accelerator.end_training()
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Held-out score of the base model and of the trained one: same prompts, same seeds."""
     from gyremedia import evaluation
@@ -276,12 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_run_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    """The commands that read a config or a run folder: config, eval, export, plugins, serve-reward."""
+    """The commands that read a config or a run folder: config, rollout, eval, export, plugins, serve-reward."""
     config = commands.add_parser(
         "config", parents=[common], help="validate a config and print it with every default filled in"
     )
     config.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     config.set_defaults(func=cmd_config)
+    _add_rollout_command(commands, common)
     evaluate = commands.add_parser(
         "eval", parents=[common], help="held-out score of the base and trained models, with a 95%% interval"
     )
@@ -327,6 +350,23 @@ def _add_run_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "--batch-wait", type=float, default=0.005, help="seconds a request waits for others to be scored with it"
     )
     served.set_defaults(func=cmd_serve_reward)
+
+
+def _add_rollout_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    rollout = commands.add_parser(
+        "rollout",
+        parents=[common],
+        help="sample and score a config's rollouts once, into a folder to train on offline (data.offline=DIR)",
+    )
+    rollout.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
+    rollout.add_argument("--out", required=True, help="the folder to write (new or empty)")
+    rollout.add_argument("--steps", type=int, default=8, help="steps of rollout.batch_size samples to write")
+    rollout.add_argument(
+        "--trajectories",
+        action="store_true",
+        help="keep whole trajectories and log-probs (for replaying objectives), not only the final samples",
+    )
+    rollout.set_defaults(func=cmd_rollout)
 
 
 def _has_cuda() -> bool:

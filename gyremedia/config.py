@@ -72,6 +72,12 @@ class DataSection:
         help="held-out prompts (default: the training prompts)",
         hint="data.eval_prompts is a list of prompts; for a file use eval.prompts_file",
     )
+    offline: str | None = option(
+        None,
+        help="train on the scored rollouts `gyremedia rollout CONFIG --out DIR` saved in this folder (step k: "
+        "saved step k mod their number) instead of sampling",
+        owner="offline",
+    )
 
 
 @dataclass

@@ -49,7 +49,22 @@ class RolloutRequest:
     # train.reuse_rollout_forward: the transitions whose model outputs on the first chunk are computed with
     # gradients and kept for training (gyremedia.sampling.KeptForwards); a policy may ignore it (training replays)
     keep_forwards: tuple[int, ...] = ()
+    # what an objective needs recorded of each sampled transition beyond its log-prob (per-token log-probs, the
+    # step means): each recorder's result goes in ``rollout.extras[recorder.key]`` (:class:`TransitionRecorder`)
+    recorders: list[TransitionRecorder] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)  # what preparing it measured: the rollout's metrics
+
+
+@runtime_checkable
+class TransitionRecorder(Protocol):
+    """Keeps something of the sampled transitions for training (what the old policy computed), so training needs
+    no forward to recompute it. Chunks of a rollout are recorded in order; ``result`` joins them."""
+
+    key: str  # the rollout keeps the result in ``rollout.extras[key]``
+
+    def record(self, index: int, transition: Transition) -> None: ...
+
+    def result(self) -> Any: ...  # batch-indexed tensors (or a dict of them): Rollout.select slices it
 
 
 @dataclass

@@ -108,7 +108,8 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
         "plans_transitions": False,
         "transitions": None,
     },  # transitions: what it trains (None: any)
-    "reward": {"kinds": None},  # the media kinds it scores
+    # differentiable: input_gradient(media, prompts) gives d score / d media (spatial credit's map)
+    "reward": {"kinds": None, "differentiable": False},  # kinds: the media kinds it scores
     "regularizer": {"requires_log_prob": False, "transitions": None, "needs_reference": False},
     "weighting": {},
     "logger": {},

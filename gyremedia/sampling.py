@@ -7,12 +7,14 @@ trajectory is the same on one process or many, and after a resume.
 from __future__ import annotations
 
 import contextlib
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
 
-from gyremedia.interfaces import DenoisingBackbone, ObjectiveContext, Sampler, Transition
+from gyremedia.interfaces import DenoisingBackbone, ObjectiveContext, Sampler, Transition, TransitionRecorder
 from gyremedia.rollout import Rollout
 from gyremedia.runtime.streams import sample_generators  # noqa: F401 - re-exported: samplers and backbones draw with it
 
@@ -139,6 +141,74 @@ class KeptForwards:
             kept.compared = None
 
 
+def patch_log_probs(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor | float, patch: int) -> torch.Tensor:
+    """``[B, T]``: the Gaussian log-density of ``x`` under ``N(mean, std^2)`` averaged within each ``patch x patch``
+    square of the last two dimensions (over every other dimension too: channels, frames), tokens in row-major
+    order, as a DiT patchifies. Their mean over tokens is the transition's log-prob (the mean over every
+    dimension) when the grid divides by ``patch``; a sampler's deterministic step (std 0) gives NaN."""
+    x, mean = x.float(), mean.float()
+    std = torch.as_tensor(std, dtype=torch.float32, device=x.device).expand_as(mean)
+    density = -((x - mean) ** 2) / (2 * std**2) - torch.log(std) - 0.5 * math.log(2 * math.pi)
+    grid = density.reshape(x.shape[0], -1, *x.shape[-2:]).mean(dim=1, keepdim=True)
+    return torch.nn.functional.avg_pool2d(grid, patch).flatten(1)
+
+
+class ChunkedRecord:
+    """What a :class:`~gyremedia.interfaces.TransitionRecorder` kept per transition index, over a rollout's chunks:
+    ``result`` is ``[B, len(indices), ...]`` in index order."""
+
+    key = ""
+
+    def __init__(self) -> None:
+        self.parts: dict[int, list[torch.Tensor]] = {}
+
+    def keep(self, index: int, value: torch.Tensor) -> None:
+        self.parts.setdefault(index, []).append(value.detach())
+
+    def result(self) -> torch.Tensor:
+        return torch.stack([torch.cat(self.parts[i]) for i in sorted(self.parts)], dim=1)
+
+
+class PatchLogProbs(ChunkedRecord):
+    """Every transition's log-probs per patch token (spatial credit's old policy): ``[B, S, T]``, NaN for a step
+    without a density (a deterministic one)."""
+
+    key = "token_log_probs"
+
+    def __init__(self, patch: int) -> None:
+        super().__init__()
+        self.patch = patch
+
+    def record(self, index: int, transition: Transition) -> None:
+        x = transition.next_state
+        if transition.mean is None or transition.std is None:
+            tokens = (x.shape[-2] // self.patch) * (x.shape[-1] // self.patch)
+            self.keep(index, torch.full((x.shape[0], tokens), float("nan"), device=x.device))
+        else:
+            self.keep(index, patch_log_probs(x, transition.mean, transition.std, self.patch))
+
+
+class StepMeans(ChunkedRecord):
+    """The Gaussian step means of the transitions at ``indices`` (GRPO-Guard's old policy), ``{index: [B, ...]}``;
+    memory grows with the transitions trained, not with all of them."""
+
+    key = "old_means"
+
+    def __init__(self, indices: list[int]) -> None:
+        super().__init__()
+        self.indices = frozenset(indices)
+
+    def record(self, index: int, transition: Transition) -> None:
+        if index not in self.indices:
+            return
+        if transition.mean is None:
+            raise ValueError(f"transition {index} has no Gaussian mean to record: use a stochastic sampler there")
+        self.keep(index, transition.mean.float())
+
+    def result(self) -> dict[int, torch.Tensor]:  # type: ignore[override]  # one tensor per recorded index
+        return {i: torch.cat(parts) for i, parts in self.parts.items()}
+
+
 @torch.no_grad()
 def sample_trajectories(
     backbone: DenoisingBackbone,
@@ -150,11 +220,13 @@ def sample_trajectories(
     num_steps: int,
     guidance_scale: float,
     keep: KeptForwards | None = None,
+    recorders: Sequence[TransitionRecorder] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Roll out one batch; returns ``states [B, S+1, ...]``, ``log_probs [B, S]`` (or None) and ``sigmas``.
 
     With ``keep``, the model's outputs at ``keep.indices`` are computed with gradients and stored in it
-    (the trajectory itself carries none: every step continues from the detached output)."""
+    (the trajectory itself carries none: every step continues from the detached output). Every transition is
+    handed to each of the ``recorders``."""
     x = backbone.sample_noise(initial_generators)
     sigmas = backbone.sigmas(num_steps).to(x.device)
     states, log_probs = [x], []
@@ -174,6 +246,8 @@ def sample_trajectories(
         transition = sampler.step(x, output, sigmas, i, noise=noise, **extra)
         if kept is not None and (transition.log_prob is None or not bool(torch.isfinite(transition.log_prob).all())):
             kept.drop(i)  # a deterministic step is never trained: free its graph now
+        for recorder in recorders:
+            recorder.record(i, transition)
         x = transition.next_state
         states.append(x)
         if transition.log_prob is not None:

@@ -120,7 +120,7 @@ class Trainer:
             checkpointing.resume(state, loaded)
         return state
 
-    def _sample_and_submit(self, step: int) -> tuple[Rollout, dict[str, Any], float]:
+    def sample_and_submit(self, step: int) -> tuple[Rollout, dict[str, Any], float]:
         """Sample step ``step``'s rollout and start scoring it; returns it, its reward futures, the seconds taken."""
         start = time.perf_counter()
         sampled = rollout.collect(self.state, step)
@@ -136,12 +136,12 @@ class Trainer:
         """
         state, hook, last = self.state, self.state.plugins.hook, self.core.train.steps
         pending = self._pending.pop(step, None)
-        sampled, futures, seconds = pending or self._sample_and_submit(step)
+        sampled, futures, seconds = pending or self.sample_and_submit(step)
         if self.config.backbone.meta.get("prefetches") and step + 1 < last:  # it encodes the next prompts meanwhile
             cast(Prefetching, state.backbone).prefetch(rollout.rollout_request(state, step + 1).prompts)
         times = {"time/rollout": seconds}
         if self.core.rollout.async_scoring and step + 1 < last:
-            self._pending[step + 1] = upcoming = self._sample_and_submit(step + 1)
+            self._pending[step + 1] = upcoming = self.sample_and_submit(step + 1)
             times["time/rollout"] = upcoming[2]
         start = time.perf_counter()
         metrics = hook.gyremedia_score_rollout(state=state, rollout=sampled, futures=futures, step=step)

@@ -36,3 +36,11 @@ def test_write_your_own_reward_snippet_trains(make_config, tmp_path):
     state = Trainer(config, pm).train()
     assert state.rewards["brightness"].target == 0.3
     assert "reward/brightness" in state.last_metrics
+
+
+def test_every_registered_objective_has_its_section_in_docs_objectives(plugin_manager):
+    text = (ROOT / "docs" / "objectives.md").read_text()
+    names = [c.name for c in plugin_manager.registry.all() if c.kind == "objective"]
+    assert len(names) >= 13
+    missing = [name for name in names if f"`{name}`" not in text]
+    assert not missing, f"docs/objectives.md does not describe {missing}"

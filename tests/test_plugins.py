@@ -53,6 +53,9 @@ def test_first_party_plugins_are_discovered_through_entry_points():
     assert "backbone:flow_matching" in by_name["flow_matching"]["registers"]
     field = {"pickscore", "hpsv2", "aesthetic", "clap", "geneval", "remote", "image_reward", "hpsv3", "videoalign"}
     assert {f"reward:{name}" for name in field} <= set(by_name["rewards"]["registers"])  # the field's rewards
+    seeds = ("spatial_grpo", "crd", "dohf", "gdro", "gipo", "grpo_guard", "vgrpo")  # the seed papers' objectives
+    registered = {r for row in listing["plugins"] for r in row["registers"]}
+    assert {f"objective:{name}" for name in seeds} <= registered
 
 
 def test_plugins_command_prints_a_table():

@@ -1,11 +1,12 @@
-"""The README's first command, `gyremedia train` (DiffusionNFT on the quickstart), end to end.
+"""The README's first command, `gyremedia train` (AWM on the quickstart), end to end.
 
-Slow (about 3.5 minutes on 2 CPU cores) and run in CI. It trains from the shipped ShapesBench model
+Slow (about 2.5 minutes on 2 CPU cores) and run in CI. It trains from the shipped ShapesBench model
 with a fixed seed, checks the run folder the README promises, and asserts the held-out gain that
 `gyremedia eval` measures on 256 fixed-seed samples of unseen prompt combinations: its paired 95%
-interval above zero and at least +20 points, within 10 minutes (about 3.5 here; a CI machine took 5.5 on
-2026-12-03, so the bound leaves room for slower machines), without collapsing in-group
-diversity. (Seeds 0, 1, 2 gave +31.6, +30.5, +25.4 points: README.) The Flow-GRPO baseline,
+interval above zero and at least +20 points, within 10 minutes (under 2 here; a CI machine took 5.5 for
+the DiffusionNFT quickstart on 2026-12-03, so the bound leaves room for slower machines), without collapsing
+in-group diversity. (Seed 0 gave +32.8 with the default threads; seeds 0, 1, 2 +36.3, +39.1, +32.8 with one:
+README.) The Flow-GRPO baseline,
 configs/quickstart_grpo.yaml, is asserted too (its own test below), so that every speed-up measured
 against it is measured against a baseline that learns.
 """

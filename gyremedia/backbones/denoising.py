@@ -81,6 +81,10 @@ class DenoisingPolicy:
             preference = request.preference[span] if request.preference is not None else None
             conditions = self.conditions(request.prompts[span], preference)
             if r.branch_steps:
+                if request.recorders:
+                    raise ValueError(
+                        "transition recorders (spatial credit, GRPO-Guard) record flat rollouts, not trees"
+                    )
                 # groups are whole in a chunk: its first member's conditions are its tree's
                 tree = sample_trees(
                     self,
@@ -115,6 +119,7 @@ class DenoisingPolicy:
                     num_steps=r.num_steps,
                     guidance_scale=r.guidance_scale,
                     keep=kept if begin == 0 else None,
+                    recorders=request.recorders,
                 )
             parts.append((conditions, states, log_probs))
         # a tree's structure, and the share of a flat rollout's model evaluations it needed
@@ -130,6 +135,7 @@ class DenoisingPolicy:
             metrics=metrics,
             tree_ancestors=torch.cat(ancestors) if ancestors else None,
             kept_forwards=kept,
+            extras={recorder.key: recorder.result() for recorder in request.recorders},
         )
 
     def media(self, rollout: Rollout) -> Media:

@@ -20,7 +20,7 @@ import torch
 from gyremedia import hookimpl
 from gyremedia.interfaces import LossOutput, ObjectiveContext
 from gyremedia.objectives.clipped_ratio import clipped, clipped_ratio_loss
-from gyremedia.objectives.forward_process import ForwardProcessObjective, ForwardProcessOptions
+from gyremedia.objectives.forward_process import ForwardProcessObjective, ForwardProcessOptions, normalised_error
 from gyremedia.options import option
 from gyremedia.rollout import Rollout
 
@@ -59,16 +59,47 @@ class AWMObjective(ForwardProcessObjective):
 
 @dataclass
 class VGRPOOptions(AWMOptions):
-    clip_range: float = option(0.01, ge=0, help="PPO clip of the ELBO ratio (our default, tuned on nothing yet)")
+    clip_range: float = option(
+        0.01, ge=0, help="PPO clip of the ELBO ratio; inactive with one update per rollout (V-GRPO's default)"
+    )
     shared_in_group: bool = option(True, help="same noise levels and noise for a group's members")
+    timesteps: int = option(4, ge=1, help="(t, noise) pairs per sample per step, stratified (the paper's N_MC = 4)")
+    adaptive_weighting: bool = option(
+        True, help="each clean-sample error divided by its own detached mean magnitude (the paper's Eq. 14)"
+    )
+    soft_clip: float = option(3.0, ge=0, help="eta of the advantages' soft clip eta tanh(A / eta); 0 = none")
+
+
+def soft_clip(advantages: torch.Tensor, eta: float) -> torch.Tensor:
+    """``eta tanh(A / eta)``: V-GRPO's bound on the step a single sample drives (about ``A`` for ``|A| << eta``)."""
+    return eta * torch.tanh(advantages / eta) if eta > 0 else advantages
 
 
 class VGRPOObjective(AWMObjective):
-    """V-GRPO: the clipped GRPO ratio of ELBO surrogates, with the noise shared within each group and
-    stratified noise levels (its variance reduction). AWM's machinery with V-GRPO's defaults."""
+    """V-GRPO: the GRPO ratio of ELBO surrogates with its variance reductions (the noise levels and noise shared
+    within each group, stratified levels, errors normalised by their own magnitude) and its step control (the
+    advantages soft-clipped, the ratio clipped when several updates share a rollout).
+
+    Per sample, (t, eps) pair and clean-sample error ``e = x_hat - x0 = -t (v - (eps - x0))``:
+
+        log p = w(t) * mean(e^2) / sg(mean |e|)        (w: the run's timestep weighting, uniform by default)
+        A~    = eta tanh(clip(A, -5, 5) / eta)
+        L     = mean max(-A~ r, -A~ clip(r, 1 - eps, 1 + eps)),   r = exp(log p - sg(log p_old))
+    """
 
     name = "vgrpo"
     default_weighting = "uniform"
+
+    def elbo_log_p(self, ctx, v: torch.Tensor, batch) -> torch.Tensor:
+        if not self.options.adaptive_weighting:
+            return super().elbo_log_p(ctx, v, batch)
+        if ctx.weighting is None:
+            raise ValueError("vgrpo needs a timestep weighting (the run's `weighting:` section)")
+        clean_error = batch.broadcast(batch.t) * (v - (batch.noise - batch.x0))
+        return ctx.weighting(normalised_error(clean_error), batch.t)
+
+    def clipped_advantages(self, rollout: Rollout) -> torch.Tensor:
+        return soft_clip(super().clipped_advantages(rollout), self.options.soft_clip)
 
 
 @hookimpl
@@ -83,5 +114,6 @@ def gyremedia_register_objectives(register):
         "vgrpo",
         VGRPOObjective,
         options=VGRPOOptions,
-        description="V-GRPO: clipped GRPO ratio of ELBO surrogates, noise shared within groups; any sampler",
+        description="V-GRPO: GRPO ratio of normalised ELBO surrogates, noise shared in groups, soft-clipped "
+        "advantages; any sampler",
     )

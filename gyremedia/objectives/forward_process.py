@@ -71,6 +71,37 @@ def noised_batch(x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> Nois
     return NoisedBatch(t=t, x0=x0, noise=noise, xt=renoise(x0, noise, t))
 
 
+def normalised_error(error: torch.Tensor) -> torch.Tensor:
+    """``[B]``: ``mean(e^2) / sg(mean |e|)`` over each sample's elements (clamped at 1e-5), the squared error scaled by
+    its own detached magnitude (DiffusionNFT's and V-GRPO's adaptive weighting): every sample's gradient has the same
+    scale whatever its noise level or how far off the model is."""
+    dims = tuple(range(1, error.dim()))
+    magnitude = error.detach().abs().mean(dim=dims).clamp(min=1e-5)
+    return error.pow(2).mean(dim=dims) / magnitude
+
+
+def group_means(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """``[B]``: the mean of ``values`` over the rows of each row's group (the rows present: a minibatch holds whole
+    groups)."""
+    _, inverse = group_ids.to(values.device).unique(return_inverse=True)
+    sums = values.new_zeros(int(inverse.max()) + 1).index_add(0, inverse, values)
+    counts = values.new_zeros(len(sums)).index_add(0, inverse, torch.ones_like(values))
+    return (sums / counts)[inverse]
+
+
+def whole_groups(group_ids: torch.Tensor, objective: str) -> int:
+    """The group size of a minibatch whose groups all have the same number of rows (more than one): what a
+    group-level loss needs. Raises a clear error otherwise."""
+    counts = group_ids.unique(return_counts=True)[1]
+    if len(counts.unique()) != 1 or int(counts[0]) < 2:
+        raise ValueError(
+            f"{objective} compares the samples of a group: every minibatch must hold whole groups (batch_size / "
+            f"(processes x train.num_minibatches) a multiple of rollout.group_size); this one has group sizes "
+            f"{sorted(set(counts.tolist()))}"
+        )
+    return int(counts[0])
+
+
 class OldPolicy:
     """An exponential moving average of the trained weights, swapped in to predict with it.
 

@@ -72,6 +72,7 @@ class TrainedRows:
 class GRPOObjective:
     """The clipped-ratio policy gradient over a rollout's recorded transitions."""
 
+    name = "grpo"
     requires_log_prob = True
     transitions = "denoising"  # it replays sampler steps
     plans_transitions = True  # planned_transitions: what it will replay, before the rollout
@@ -166,23 +167,35 @@ class GRPOObjective:
         and the model output it used."""
         return replay_transition(ctx, samples, index)
 
+    def surrogate(
+        self, log_ratio: torch.Tensor, advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Per-element loss of the log-ratios (advantages broadcast) and its metrics: PPO's clipped ratio here;
+        GIPO and GRPO-Guard put their own trust regions in its place."""
+        eps = self.options.clip_range
+        loss, ratio = clipped_ratio_loss(log_ratio, advantages, eps, eps)
+        return loss, {"ratio": ratio.detach().mean(), "clip_fraction": clipped(ratio, eps, eps).float().mean()}
+
+    def policy_terms(
+        self, transition: Transition, samples: Rollout, micro_step: int, advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Per-sample policy loss of the replayed ``transition`` against the recorded log-probs, and its metrics:
+        one ratio per transition (Flow-GRPO); spatial credit splits it per token."""
+        log_ratio = transition.log_prob - samples.log_probs[:, micro_step]
+        per_sample, metrics = self.surrogate(log_ratio, advantages)
+        metrics["approx_kl"] = 0.5 * (log_ratio.detach() ** 2).mean()
+        return per_sample, metrics
+
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         if rollout.log_probs is None or rollout.advantages is None:
-            raise ValueError("grpo needs a rollout with log-probs and advantages")
-        eps = self.options.clip_range
+            raise ValueError(f"{self.name} needs a rollout with log-probs and advantages")
         rows, advantages = self.trained_rows(rollout, micro_step)
         samples = self.trained_samples(rollout, rows)
         transition, output = self.replay(ctx, rollout, micro_step, rows, samples)
         advantages = advantages.clamp(-self.options.adv_clip_max, self.options.adv_clip_max)
-        log_ratio = transition.log_prob - samples.log_probs[:, micro_step]
-        per_sample, ratio = clipped_ratio_loss(log_ratio, advantages, eps, eps)
+        per_sample, metrics = self.policy_terms(transition, samples, micro_step, advantages)
         policy_loss = per_sample.mean()
-        metrics = {
-            "policy_loss": policy_loss.detach(),
-            "ratio": ratio.detach().mean(),
-            "clip_fraction": clipped(ratio, eps, eps).float().mean(),
-            "approx_kl": 0.5 * (log_ratio.detach() ** 2).mean(),
-        }
+        metrics["policy_loss"] = policy_loss.detach()
         outputs = {
             "index": micro_step,
             "model_output": output,

@@ -88,6 +88,7 @@ class TreePlan:
 class TreeGRPOObjective(GRPOObjective):
     """GRPO whose transition advantages are the values of the subtrees they lead to."""
 
+    name = "tree_grpo"
     needs_tree_rollouts = True
     plans_transitions = False  # it replays once per tree node, never from kept forwards
 

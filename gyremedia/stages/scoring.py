@@ -19,9 +19,10 @@ DROP_WINDOW = 10
 
 
 def start_scoring(state: TrainState, rollout: Rollout) -> dict[str, Any]:
-    """Decode the rollout and hand its media to the rewards' worker threads; returns at once."""
+    """Decode the rollout and hand its media to the rewards' worker threads; returns at once. A rollout that
+    arrives scored (its rewards set by the rollout stage: saved rollouts, ``data.offline``) is not scored again."""
     rollout.media = state.backbone.media(rollout)
-    return state.scorer.submit(rollout.media, rollout.prompts)
+    return {} if rollout.rewards else state.scorer.submit(rollout.media, rollout.prompts)
 
 
 def _collect_scores(state: TrainState, rollout: Rollout, step: int, futures: dict[str, Any]) -> dict[str, Any]:
@@ -55,7 +56,7 @@ def gyremedia_score_rollout(
     """Wait for every reward (failure policies applied); set ``rollout.rewards`` and ``rollout.reward``."""
     acc, per_sample, error = state.accelerator, {}, None
     try:  # this process's rewards; a failure here stops every process (raise_together), not this one alone
-        per_sample = _collect_scores(state, rollout, step, futures)
+        per_sample = _collect_scores(state, rollout, step, futures) if futures else {}
     except Exception as exc:  # noqa: BLE001 - re-raised below, on every process
         error = exc
     raise_together(acc, error)

@@ -2,6 +2,7 @@
 script that pretrains the tiny quickstart model on it (``python -m gyremedia_shapes.pretrain``)."""
 
 from gyremedia import hookimpl
+from gyremedia_shapes.surrogate import ShapesSurrogateReward, SurrogateOptions
 from gyremedia_shapes.verifier_reward import ShapesVerifierOptions, ShapesVerifierReward
 
 
@@ -12,4 +13,11 @@ def gyremedia_register_rewards(register):
         ShapesVerifierReward,
         options=ShapesVerifierOptions,
         description="ShapesBench verifier: object, colour, count and position of shapes vs the prompt",
+    )
+    register(
+        "shapes_surrogate",
+        ShapesSurrogateReward,
+        options=SurrogateOptions,
+        description="a small network predicting the ShapesBench verifier's score from pixels; differentiable "
+        "(spatial credit's gradient map)",
     )

@@ -1,4 +1,4 @@
-"""Forward-process objectives (DiffusionNFT, AWM, V-GRPO, pairwise): their losses reduce to flow
+"""Forward-process objectives (DiffusionNFT, AWM, V-GRPO, pairwise, CRD, DOHF, GDRO): their losses reduce to flow
 matching where the papers say, on-policy ratios are 1, the old policy is an EMA that survives a resume."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gyremedia.cli import main
-from gyremedia.objectives.awm import awm_loss
-from gyremedia.objectives.forward_process import OldPolicy, noised_batch, stratified_levels
+from gyremedia.objectives.awm import awm_loss, soft_clip
+from gyremedia.objectives.forward_process import OldPolicy, noised_batch, normalised_error, stratified_levels
 from gyremedia.objectives.nft import nft_loss
 from gyremedia.objectives.pairwise import pairwise_loss, preference_pairs
 from gyremedia.plugins import PluginManager
@@ -90,7 +90,7 @@ def test_old_policy_is_an_ema_that_swaps_in_without_copies():
         torch.testing.assert_close(module.weight.detach(), start + 1.0)
 
 
-@pytest.mark.parametrize("objective", ["nft", "awm"])
+@pytest.mark.parametrize("objective", ["nft", "awm", "crd", "dohf", "gdro"])
 def test_trains_with_the_ode_sampler_and_on_policy_ratio_is_one(make_config, objective):
     config = make_config(f"objective={{name: {objective}}}", "sampler={name: ode}", "train.steps=2")
     state = Trainer(config, PluginManager()).train()
@@ -98,7 +98,7 @@ def test_trains_with_the_ode_sampler_and_on_policy_ratio_is_one(make_config, obj
     assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["grad_norm"] > 0
     if objective == "awm":
         assert metrics["ratio"] == 1.0  # old policy (decay 0) == the policy that sampled
-    else:
+    elif objective == "nft":
         assert metrics["old_policy_gap"] == 0.0
 
 
@@ -203,3 +203,25 @@ def test_pairwise_trains(make_config):
     config = make_config("objective={name: pairwise}", "sampler={name: ode}", "train.steps=2")
     metrics = Trainer(config, PluginManager()).train().last_metrics
     assert metrics["pairs"] == 2.0 and metrics["grad_norm"] > 0
+
+
+def test_vgrpo_soft_clip_keeps_small_advantages_and_bounds_large_ones():
+    advantages = torch.tensor([-50.0, -0.01, 0.0, 0.02, 4.0])
+    clipped = soft_clip(advantages, 3.0)
+    torch.testing.assert_close(clipped[1:4], advantages[1:4], atol=1e-6, rtol=1e-4)
+    assert clipped.abs().max() <= 3.0 and clipped[-1] < 4.0
+    torch.testing.assert_close(soft_clip(advantages, 0.0), advantages)
+
+
+def test_vgrpo_adaptive_weighting_is_the_clean_sample_error_over_its_own_magnitude():
+    x0, eps, t, xt, v = toy(3)
+
+    def error():
+        return t * (v - (eps - x0))  # x_hat - x0 with x_hat = x_t - t v, up to the sign
+
+    expected = error().pow(2).mean(dim=(1, 2)) / error().detach().abs().mean(dim=(1, 2))
+    torch.testing.assert_close(normalised_error(error()), expected)
+    # linear in the error's scale (the square over the detached magnitude): large errors do not dominate
+    (grad,) = torch.autograd.grad(normalised_error(5 * error()).sum(), v)
+    (unscaled,) = torch.autograd.grad(normalised_error(error()).sum(), v)
+    torch.testing.assert_close(grad, 5 * unscaled)
