@@ -186,6 +186,11 @@ class AdvantageSection:
     # "normalize_each" normalises each reward within its groups, then sums the weighted advantages
     # (a reward with a large scale cannot drown the others).
     combine: Literal["sum", "normalize_each"] = option("sum", help="how several rewards become one advantage")
+    # Per-frame credit for video policies: each frame's own scores (rewards that report them) give it its own
+    # group-relative advantage, and the objective weights that frame's part of its loss by it.
+    per_frame: bool = option(
+        False, help="an advantage per video frame, from the rewards' per-frame scores", owner="frame_credit"
+    )
     # DDPO's per-prompt stat tracker: a prompt's statistics come from its last `history` rewards over
     # all steps (this step's group included), the whole batch's until it has `min_count` of them.
     history: int = option(

@@ -15,7 +15,7 @@ from gyremedia.config import COMPONENT_SETTINGS, ResolvedConfig, Selected
 from gyremedia.data import Prompt, PromptSource
 from gyremedia.interfaces import Generated
 from gyremedia.rollout import Media
-from gyremedia.scoring import Scorer
+from gyremedia.scoring import FRAME_SCORES, Scorer
 
 
 def eval_prompts(config: ResolvedConfig) -> list[Prompt]:
@@ -101,7 +101,8 @@ def score(
     scores = {}
     for name, components in scored.components.items():
         for key, value in components.items():
-            scores[name if key == "score" else f"{name}/{key}"] = value
+            if key != FRAME_SCORES:  # per-frame scores train per-frame advantages; evaluations report the means
+                scores[name if key == "score" else f"{name}/{key}"] = value
         if scorer.may_drop(name):
             scores[f"{name}/dropped"] = scored.dropped[name].float()
     return scores
@@ -138,6 +139,21 @@ def evaluate(
     when = "during evaluation" if step is None else f"in the step-{step} evaluation"
     scores = score(rewards, generated.media, prompts, selected_rewards(config), when)
     return EvalResult(prompts, generated.media, scores, generated=generated, preference=preference)
+
+
+def hacking_warning(
+    step: int, previous: dict[str, float], current: dict[str, float], proxy: str, gold: list[str], tolerance: float
+) -> str | None:
+    """The reward-hacking warning between two evaluations' metrics, or None: the ``proxy`` metric rose by more than
+    ``tolerance`` while a ``gold`` metric fell by more than it."""
+    if proxy not in previous or proxy not in current or current[proxy] - previous[proxy] <= tolerance:
+        return None
+    fallen = [k for k in gold if k in previous and k in current and current[k] < previous[k] - tolerance]
+    if not fallen:
+        return None
+    return f"reward hacking? at step {step} the proxy {proxy} rose {previous[proxy]:.4f} -> {current[proxy]:.4f} " + (
+        "while " + ", ".join(f"{k} fell {previous[k]:.4f} -> {current[k]:.4f}" for k in fallen)
+    )
 
 
 def accuracy_key(config: ResolvedConfig) -> str:

@@ -83,7 +83,9 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
     # shardable: every process runs the same model calls in a step, as FSDP's collectives need
     # compilable: compile() compiles its networks in place (train.compile)
     # prefetches: prefetch(prompts) starts preparing the next step's prompts while this step trains
+    # frame_dim: the axis of its states that indexes video frames (per-frame advantages broadcast along it)
     "backbone": {
+        "frame_dim": None,
         "media_kind": None,
         "prediction": None,
         "transitions": "denoising",
@@ -98,7 +100,9 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
     # rollout is sampled, among the stochastic ones (train.reuse_rollout_forward)
     # prepares: prepare(ctx, rollout) runs once per rollout before its first update
     # needs_reference: the backbone keeps the frozen reference policy (as for a regularizer)
+    # per_frame: its loss weights each video frame by its own advantage (advantage.per_frame)
     "objective": {
+        "per_frame": False,
         "needs_reference": False,
         "prepares": False,
         "requires_log_prob": False,
@@ -109,7 +113,8 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
         "transitions": None,
     },  # transitions: what it trains (None: any)
     # differentiable: input_gradient(media, prompts) gives d score / d media (spatial credit's map)
-    "reward": {"kinds": None, "differentiable": False},  # kinds: the media kinds it scores
+    # frame_scores: it reports each video frame's score too (the component 'frames', [B, T])
+    "reward": {"kinds": None, "differentiable": False, "frame_scores": False},  # kinds: the media kinds it scores
     "regularizer": {"requires_log_prob": False, "transitions": None, "needs_reference": False},
     "weighting": {},
     "logger": {},

@@ -64,8 +64,9 @@ class Rollout:
     sigmas: torch.Tensor | None = None  # [S+1] noise levels of the states (denoising backbones)
     media: Media | None = None
     rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # reward name -> [B]
+    frame_rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # video rewards' per-frame scores [B, T]
     reward: torch.Tensor | None = None  # [B] weighted total that advantages are computed from
-    advantages: torch.Tensor | None = None  # [B]
+    advantages: torch.Tensor | None = None  # [B], or [B, T] per frame (advantage.per_frame)
     preference: torch.Tensor | None = None  # [B, R] per-sample weights of the rewards (a Pareto run's); None: equal
     metrics: dict[str, float] = field(default_factory=dict)  # what making it measured, logged with its step
     tree_ancestors: torch.Tensor | None = None  # [B, S+1] tree rollouts: the node each sample passed at each level

@@ -141,16 +141,27 @@ class KeptForwards:
             kept.compared = None
 
 
+def gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor | float) -> torch.Tensor:
+    """``log N(x; mean, std^2)`` of every element, in fp32 (a deterministic step, std 0, gives NaN)."""
+    x, mean = x.float(), mean.float()
+    std = std.float() if isinstance(std, torch.Tensor) else torch.full_like(mean, std)
+    return -((x - mean) ** 2) / (2 * std**2) - torch.log(std) - 0.5 * math.log(2 * math.pi)
+
+
 def patch_log_probs(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor | float, patch: int) -> torch.Tensor:
     """``[B, T]``: the Gaussian log-density of ``x`` under ``N(mean, std^2)`` averaged within each ``patch x patch``
     square of the last two dimensions (over every other dimension too: channels, frames), tokens in row-major
     order, as a DiT patchifies. Their mean over tokens is the transition's log-prob (the mean over every
     dimension) when the grid divides by ``patch``; a sampler's deterministic step (std 0) gives NaN."""
-    x, mean = x.float(), mean.float()
-    std = torch.as_tensor(std, dtype=torch.float32, device=x.device).expand_as(mean)
-    density = -((x - mean) ** 2) / (2 * std**2) - torch.log(std) - 0.5 * math.log(2 * math.pi)
+    density = gaussian_log_density(x, mean, std)
     grid = density.reshape(x.shape[0], -1, *x.shape[-2:]).mean(dim=1, keepdim=True)
     return torch.nn.functional.avg_pool2d(grid, patch).flatten(1)
+
+
+def frame_log_probs(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor | float, frame_dim: int) -> torch.Tensor:
+    """``[B, T]``: the Gaussian log-density of video states ``x`` under ``N(mean, std^2)`` averaged over each frame's
+    elements (``frame_dim`` indexes the frames); their mean over frames is the transition's log-prob."""
+    return gaussian_log_density(x, mean, std).movedim(frame_dim, 1).flatten(2).mean(dim=2)
 
 
 class ChunkedRecord:
@@ -186,6 +197,24 @@ class PatchLogProbs(ChunkedRecord):
             self.keep(index, torch.full((x.shape[0], tokens), float("nan"), device=x.device))
         else:
             self.keep(index, patch_log_probs(x, transition.mean, transition.std, self.patch))
+
+
+class FrameLogProbs(ChunkedRecord):
+    """Every transition's log-probs per video frame (per-frame credit's old policy for a ratio objective):
+    ``[B, S, T]``, NaN for a step without a density."""
+
+    key = "frame_log_probs"
+
+    def __init__(self, frame_dim: int) -> None:
+        super().__init__()
+        self.frame_dim = frame_dim
+
+    def record(self, index: int, transition: Transition) -> None:
+        x = transition.next_state
+        if transition.mean is None or transition.std is None:
+            self.keep(index, torch.full((x.shape[0], x.shape[self.frame_dim]), float("nan"), device=x.device))
+        else:
+            self.keep(index, frame_log_probs(x, transition.mean, transition.std, self.frame_dim))
 
 
 class StepMeans(ChunkedRecord):

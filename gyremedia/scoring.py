@@ -48,8 +48,11 @@ class MalformedRewardOutput(ValueError):
 #: What every reward returns (:class:`gyremedia.interfaces.Reward`), quoted in the errors that break it.
 REWARD_CONTRACT = (
     "a reward returns a Tensor[B], or a dict of Tensor[B] holding a 'score' (its other entries are "
-    "logged as components)"
+    "logged as components, except 'frames', a video reward's per-frame scores Tensor[B, T])"
 )
+#: The component holding a video reward's per-frame scores ``[B, T]`` (their mean over frames is the score): what
+#: per-frame advantages (``advantage.per_frame``) are computed from.
+FRAME_SCORES = "frames"
 
 
 #: Component names a reward may not return: the trainer logs ``reward/<name>/dropped`` itself.
@@ -87,10 +90,11 @@ def call_reward(reward: Any, media: Media, prompts: list[str]) -> dict[str, torc
     for key in parts[0]:
         chunks = [torch.as_tensor(p[key], dtype=torch.float32).detach().cpu() for p in parts]
         shapes = [tuple(chunk.shape) for chunk in chunks]
-        if sum(chunk.numel() for chunk in chunks) != len(prompts) or any(len(s) != 1 for s in shapes):
+        dims = 2 if key == FRAME_SCORES else 1
+        if sum(s[0] if s else 1 for s in shapes) != len(prompts) or any(len(s) != dims for s in shapes):
             raise MalformedRewardOutput(
                 f"'{key}' has shape {shapes[0] if len(shapes) == 1 else shapes}, expected "
-                f"({len(prompts)},): {REWARD_CONTRACT}"
+                f"({len(prompts)}{', T' if dims == 2 else ','}): {REWARD_CONTRACT}"
             )
         components[key] = torch.cat(chunks)
     return components
@@ -170,6 +174,8 @@ class Scorer:
                 if key == "score":
                     failed |= bad
             scores["score"] = scores["score"].masked_fill(failed, float("nan"))
+            if FRAME_SCORES in scores:
+                scores[FRAME_SCORES] = scores[FRAME_SCORES].masked_fill(failed[:, None], float("nan"))
             if failed.any():
                 logger.warning(
                     "reward %r dropped %d of %d samples %s (first prompt %r)",

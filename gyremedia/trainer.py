@@ -58,7 +58,7 @@ class Trainer:
         self.config, self.core = config, config.core
         self.accelerator = accelerator or _create_accelerator()
         check_process_layout(config, self.accelerator.num_processes)
-        sharded = resolve_sharding(config, self.accelerator, plugins)
+        sharded = resolve_sharding(config, self.accelerator)
         self.run_dir = Path(self.core.run.output_dir)
         self.resume = resume
         if not resume and ckpt.list_checkpoints(self.run_dir):

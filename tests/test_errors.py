@@ -108,7 +108,8 @@ def test_a_reward_that_breaks_the_contract_stops_the_run_with_the_contract(tiny_
     assert main(["train", str(tiny_yaml), "rewards=[colorful]"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "gyremedia: error: reward 'colorful' returned keys ['colorfulness'] without a 'score': a reward returns a "
-        "Tensor[B], or a dict of Tensor[B] holding a 'score' (its other entries are logged as components)"
+        "Tensor[B], or a dict of Tensor[B] holding a 'score' (its other entries are logged as components, except "
+        "'frames', a video reward's per-frame scores Tensor[B, T])"
     )
 
 

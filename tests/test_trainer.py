@@ -670,17 +670,17 @@ def test_processes_launched_together_but_running_alone_are_refused(make_config, 
     monkeypatch.setenv("WORLD_SIZE", "4")
     alone = SimpleNamespace(num_processes=1, distributed_type=SimpleNamespace(value="NO"))
     with pytest.raises(ConfigError, match="4 processes were launched but each runs alone"):
-        resolve_sharding(make_config(), alone, PluginManager())
+        resolve_sharding(make_config(), alone)
     monkeypatch.setenv("WORLD_SIZE", "1")
     deepspeed = SimpleNamespace(num_processes=1, distributed_type=SimpleNamespace(value="DEEPSPEED"))
     with pytest.raises(ConfigError, match="DeepSpeed launches are not supported: shard with FSDP2"):
-        resolve_sharding(make_config(), deepspeed, PluginManager())
+        resolve_sharding(make_config(), deepspeed)
     fsdp = SimpleNamespace(num_processes=2, distributed_type=SimpleNamespace(value="FSDP"))
-    assert resolve_sharding(make_config(), fsdp, PluginManager())  # train.sharding=auto follows the launch
+    assert resolve_sharding(make_config(), fsdp)  # train.sharding=auto follows the launch
     with pytest.raises(
         ConfigError, match="train.sharding=none on an FSDP launch: launch with configs/accelerate/ddp.yaml"
     ):
-        resolve_sharding(make_config("train.sharding=none"), fsdp, PluginManager())  # accelerate would shard it
+        resolve_sharding(make_config("train.sharding=none"), fsdp)  # accelerate would shard it
 
 
 class DeadServerPlugin:

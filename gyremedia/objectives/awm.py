@@ -7,7 +7,9 @@ log-likelihood surrogate of the flow-matching error ``l = mean ||v(x_t, t) - (ep
     L     = -A * exp(log p - sg(log p_old))        (per sample, averaged)
 
 On-policy the ratio is 1 and the gradient is ``A * grad log p``: pretraining's loss, weighted by
-the advantage (so with A = 1 and uniform weighting it is exactly the flow-matching gradient). The
+the advantage (so with A = 1 and uniform weighting it is exactly the flow-matching gradient). With
+per-frame advantages (``advantage.per_frame``) each frame has its own ``log p`` (the error over its own
+elements; their mean is the sample's), ratio and advantage. The
 old policy is an EMA of the trained weights; an optional PPO clip bounds the ratio. Any sampler.
 """
 
@@ -42,13 +44,15 @@ class AWMObjective(ForwardProcessObjective):
     """Advantage-weighted matching over re-noised rollout samples."""
 
     default_weighting = "t"
+    per_frame = True
 
     name = "awm"
 
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         o = self.options
         batch, v, v_old = self.predictions(ctx, rollout, micro_step)
-        log_p, log_p_old = self.elbo_log_p(ctx, v, batch), self.elbo_log_p(ctx, v_old, batch)
+        frame_dim = self.frame_dim(ctx, rollout)
+        log_p, log_p_old = self.elbo_log_p(ctx, v, batch, frame_dim), self.elbo_log_p(ctx, v_old, batch, frame_dim)
         policy_loss = awm_loss(log_p, log_p_old, self.clipped_advantages(rollout), o.clip_range).mean()
         ratio = torch.exp(log_p - log_p_old).detach()
         metrics = {"ratio": ratio.mean()}
@@ -89,10 +93,11 @@ class VGRPOObjective(AWMObjective):
 
     name = "vgrpo"
     default_weighting = "uniform"
+    per_frame = False  # its errors are normalised per sample
 
-    def elbo_log_p(self, ctx, v: torch.Tensor, batch) -> torch.Tensor:
+    def elbo_log_p(self, ctx, v: torch.Tensor, batch, frame_dim: int | None = None) -> torch.Tensor:
         if not self.options.adaptive_weighting:
-            return super().elbo_log_p(ctx, v, batch)
+            return super().elbo_log_p(ctx, v, batch, frame_dim)
         if ctx.weighting is None:
             raise ValueError("vgrpo needs a timestep weighting (the run's `weighting:` section)")
         clean_error = batch.broadcast(batch.t) * (v - (batch.noise - batch.x0))

@@ -33,9 +33,14 @@ class NoisedBatch:
     noise: torch.Tensor
     xt: torch.Tensor  # (1 - t) x0 + t noise
 
-    def broadcast(self, value: torch.Tensor) -> torch.Tensor:
-        """A ``[B]`` tensor shaped to multiply the states."""
-        return per_sample(value, self.x0)
+    def broadcast(self, value: torch.Tensor, frame_dim: int | None = None) -> torch.Tensor:
+        """A ``[B]`` tensor, or a per-frame ``[B, T]`` one (``T`` along the states' ``frame_dim``), shaped to
+        multiply the states."""
+        if value.dim() == 1:
+            return per_sample(value, self.x0)
+        shape = [len(value)] + [1] * (self.x0.dim() - 1)
+        shape[frame_dim] = value.shape[1]
+        return value.view(shape)
 
 
 def stratified_levels(seed: int, step: int, micro_steps: int, keys: list[int], low: float, high: float) -> np.ndarray:
@@ -211,6 +216,7 @@ class ForwardProcessObjective:
 
     name = "forward_process"
     transitions = "denoising"  # it re-noises the final states
+    per_frame = False  # whether its loss weights each video frame by its own advantage
     kl_regularizer = "velocity_kl"  # what `kl_beta` selects
 
     def __init__(self, options: ForwardProcessOptions, context) -> None:
@@ -257,16 +263,24 @@ class ForwardProcessObjective:
         return (rollout.group_ids if self.options.shared_in_group else rollout.sample_ids).tolist()
 
     @staticmethod
-    def elbo_log_p(ctx, v: torch.Tensor, batch: NoisedBatch) -> torch.Tensor:
+    def elbo_log_p(ctx, v: torch.Tensor, batch: NoisedBatch, frame_dim: int | None = None) -> torch.Tensor:
         """The ELBO surrogate ``-w(t) l`` of each clean sample under velocity ``v``, ``l`` its mean
-        flow-matching error on the re-noised batch and ``w`` the run's timestep weighting."""
+        flow-matching error on the re-noised batch and ``w`` the run's timestep weighting: ``[B]``, or each
+        frame's ``[B, T]`` given the states' ``frame_dim`` (their mean over frames is the sample's)."""
         if ctx.weighting is None:
             raise ValueError("this objective needs a timestep weighting (the run's `weighting:` section)")
-        error = (v - (batch.noise - batch.x0)).pow(2).mean(dim=tuple(range(1, v.dim())))
-        return ctx.weighting(error, batch.t)
+        dims = tuple(d for d in range(1, v.dim()) if d != frame_dim)
+        error = (v - (batch.noise - batch.x0)).pow(2).mean(dim=dims)
+        return ctx.weighting(error, batch.t if frame_dim is None else batch.t[:, None])
 
     def clipped_advantages(self, rollout: Rollout) -> torch.Tensor:
+        """``[B]``, or ``[B, T]`` per frame (``advantage.per_frame``)."""
         return rollout.advantages.clamp(-self.options.adv_clip_max, self.options.adv_clip_max)
+
+    @staticmethod
+    def frame_dim(ctx, rollout: Rollout) -> int | None:
+        """The states' frame axis when the advantages are per frame (``advantage.per_frame``), else None."""
+        return ctx.backbone.frame_dim if rollout.advantages.dim() == 2 else None
 
     def output(
         self,

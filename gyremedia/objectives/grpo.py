@@ -8,6 +8,11 @@ For each trained transition i of sample b, with advantage A_b and r = pi_theta /
 
 The KL term is the ``gaussian_kl`` regularizer: ``kl_beta`` is a shortcut that selects it with that
 weight (see its module for the exact form and Flow-GRPO's scaling).
+
+With per-frame advantages ``A_bt`` (``advantage.per_frame``, video) each frame t has its own log-prob (the
+transition's density averaged over the frame's elements; their mean is the transition's), ratio ``r_t`` and
+advantage, and ``L = mean_b,i,t max(-A_bt r_t, -A_bt clip(r_t, 1 - eps, 1 + eps))``: the same as above when every
+frame has the sample's advantage and the ratios are 1.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from gyremedia.objectives.clipped_ratio import clipped, clipped_ratio_loss
 from gyremedia.options import option
 from gyremedia.rollout import Rollout
 from gyremedia.runtime.streams import Stream, stream_rng
-from gyremedia.sampling import replay_transition
+from gyremedia.sampling import frame_log_probs, replay_transition
 
 
 @dataclass
@@ -77,6 +82,7 @@ class GRPOObjective:
     transitions = "denoising"  # it replays sampler steps
     plans_transitions = True  # planned_transitions: what it will replay, before the rollout
     kl_regularizer = "gaussian_kl"  # what `kl_beta` selects
+    per_frame = True  # frame_terms: a ratio and an advantage per video frame
 
     def __init__(self, options: GRPOOptions, context: BuildContext) -> None:
         self.options = options
@@ -155,7 +161,7 @@ class GRPOObjective:
         0 and every process still runs the same forward and backward."""
         if not self.options.skip_zero_advantage:
             return rows, advantages
-        kept = (advantages != 0).nonzero().flatten()  # the one read of the device this needs
+        kept = (advantages != 0).reshape(len(advantages), -1).any(dim=1).nonzero().flatten()  # one read of the device
         if len(kept) in (0, len(advantages)):
             return rows, advantages
         return (kept if rows is None else rows.to(kept.device)[kept]), advantages[kept]
@@ -186,6 +192,19 @@ class GRPOObjective:
         metrics["approx_kl"] = 0.5 * (log_ratio.detach() ** 2).mean()
         return per_sample, metrics
 
+    def frame_terms(
+        self, transition: Transition, samples: Rollout, micro_step: int, advantages: torch.Tensor, frame_dim: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Per-sample policy loss with per-frame advantages ``[B, T]``: a ratio per frame, against the per-frame
+        log-probs recorded while sampling (``FrameLogProbs``), each frame's surrogate with its own advantage."""
+        if "frame_log_probs" not in samples.extras:
+            raise ValueError(f"{self.name}: per-frame advantages need the rollout's per-frame log-probs (frame_credit)")
+        new = frame_log_probs(transition.next_state, transition.mean, transition.std, frame_dim)
+        log_ratio = new - samples.extras["frame_log_probs"][:, micro_step]
+        per_frame, metrics = self.surrogate(log_ratio, advantages)
+        metrics["approx_kl"] = 0.5 * (log_ratio.detach() ** 2).mean()
+        return per_frame.mean(dim=1), metrics
+
     def loss(self, ctx: ObjectiveContext, rollout: Rollout, micro_step: int) -> LossOutput:
         if rollout.log_probs is None or rollout.advantages is None:
             raise ValueError(f"{self.name} needs a rollout with log-probs and advantages")
@@ -193,7 +212,10 @@ class GRPOObjective:
         samples = self.trained_samples(rollout, rows)
         transition, output = self.replay(ctx, rollout, micro_step, rows, samples)
         advantages = advantages.clamp(-self.options.adv_clip_max, self.options.adv_clip_max)
-        per_sample, metrics = self.policy_terms(transition, samples, micro_step, advantages)
+        if advantages.dim() == 2:
+            per_sample, metrics = self.frame_terms(transition, samples, micro_step, advantages, ctx.backbone.frame_dim)
+        else:
+            per_sample, metrics = self.policy_terms(transition, samples, micro_step, advantages)
         policy_loss = per_sample.mean()
         metrics["policy_loss"] = policy_loss.detach()
         outputs = {

@@ -54,6 +54,7 @@ class GRPOGuardObjective(GRPOObjective):
     """Flow-GRPO with GRPO-Guard's ratio normalisation and per-step gradient reweighting."""
 
     name = "grpo_guard"
+    per_frame = False  # its terms are per token or per transition
 
     @hookimpl
     def gyremedia_prepare_request(self, state: Any, request: RolloutRequest) -> None:

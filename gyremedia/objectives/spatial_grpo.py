@@ -77,6 +77,7 @@ class SpatialGRPOObjective(GRPOObjective):
     """Flow-GRPO with token-wise ratios and a reward-gradient credit map."""
 
     name = "spatial_grpo"
+    per_frame = False  # its terms are per token or per transition
     prepares = True  # prepare: the credit maps, once per rollout
 
     def __init__(self, options: SpatialGRPOOptions, context: BuildContext) -> None:

@@ -89,6 +89,7 @@ class TreeGRPOObjective(GRPOObjective):
     """GRPO whose transition advantages are the values of the subtrees they lead to."""
 
     name = "tree_grpo"
+    per_frame = False  # its terms are per token or per transition
     needs_tree_rollouts = True
     plans_transitions = False  # it replays once per tree node, never from kept forwards
 

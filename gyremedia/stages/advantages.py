@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from gyremedia import hookimpl
@@ -21,14 +23,13 @@ def weighted_rewards(config: ResolvedConfig, rollout: Rollout) -> tuple[torch.Te
     return matrix, weights
 
 
-@hookimpl(trylast=True)
-def gyremedia_compute_advantages(state: TrainState, rollout: Rollout, step: int) -> dict[str, float]:
-    """Group-relative advantages over all ranks (a feature may normalise by other statistics:
-    ``gyremedia_group_statistics``); returns the batch's reward statistics."""
+def group_relative(
+    state: TrainState, rollout: Rollout, matrix: torch.Tensor, weights: torch.Tensor, normalize: Any = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The advantages of scores ``matrix [B, R]`` over every rank's groups as the ``advantage`` section says, with
+    the gathered weighted totals and group ids (:func:`gyremedia.advantages.distributed_group_advantages`)."""
     adv = state.config.core.advantage
-    matrix, weights = weighted_rewards(state.config, rollout)
-    normalize = state.plugins.hook.gyremedia_group_statistics(state=state, step=step)
-    rollout.advantages, totals, groups = distributed_group_advantages(
+    return distributed_group_advantages(
         state.accelerator,
         matrix,
         weights,
@@ -39,6 +40,15 @@ def gyremedia_compute_advantages(state: TrainState, rollout: Rollout, step: int)
         adv.eps,
         normalize=normalize,
     )
+
+
+@hookimpl(trylast=True)
+def gyremedia_compute_advantages(state: TrainState, rollout: Rollout, step: int) -> dict[str, float]:
+    """Group-relative advantages over all ranks (a feature may normalise by other statistics:
+    ``gyremedia_group_statistics``); returns the batch's reward statistics."""
+    matrix, weights = weighted_rewards(state.config, rollout)
+    normalize = state.plugins.hook.gyremedia_group_statistics(state=state, step=step)
+    rollout.advantages, totals, groups = group_relative(state, rollout, matrix, weights, normalize)
     kept = torch.isfinite(totals)
     group_std = [totals[(groups == g) & kept].std(unbiased=False) for g in groups[kept].unique()]
     return {

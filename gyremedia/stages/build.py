@@ -10,7 +10,6 @@ import torch
 
 from gyremedia.config import ConfigError, ResolvedConfig
 from gyremedia.interfaces import BuildContext
-from gyremedia.registry import PluginHost
 from gyremedia.scoring import Scorer
 from gyremedia.state import TrainState
 
@@ -41,7 +40,7 @@ def check_process_layout(config: ResolvedConfig, num_processes: int) -> None:
         )
 
 
-def resolve_sharding(config: ResolvedConfig, accelerator: Any, plugins: PluginHost) -> bool:
+def resolve_sharding(config: ResolvedConfig, accelerator: Any) -> bool:
     """Whether this run shards its model (``train.sharding``; ``auto`` follows an accelerate FSDP launch), checked
     before any model loads. Refuses processes that were launched together but each run alone."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
@@ -70,7 +69,7 @@ def resolve_sharding(config: ResolvedConfig, accelerator: Any, plugins: PluginHo
     if choice == "none" or (choice == "auto" and not fsdp_launch):
         return False
     backbone = config.backbone.name
-    if not plugins.component("backbone", backbone).meta.get("shardable"):
+    if not config.backbone.meta.get("shardable"):  # the selection's: its options may say (capabilities())
         raise ConfigError(
             f"train.sharding={choice}: backbone {backbone!r} cannot be sharded (its processes do not "
             "run the same model calls in a step): use train.sharding=none and a DDP launch "

@@ -10,7 +10,7 @@ import torch
 from gyremedia import hookimpl
 from gyremedia.rollout import Rollout
 from gyremedia.runtime.distributed import global_nanmeans, raise_together
-from gyremedia.scoring import RewardError, reward_error
+from gyremedia.scoring import FRAME_SCORES, RewardError, reward_error
 from gyremedia.stages.advantages import weighted_rewards
 from gyremedia.state import TrainState
 
@@ -31,6 +31,8 @@ def _collect_scores(state: TrainState, rollout: Rollout, step: int, futures: dic
     scored = state.scorer.collect(futures, rollout.prompts, step)
     for name, scores in scored.components.items():
         rollout.rewards[name] = scores.pop("score").to(state.accelerator.device)
+        if FRAME_SCORES in scores:
+            rollout.frame_rewards[name] = scores.pop(FRAME_SCORES).to(state.accelerator.device)
         dropped |= scored.dropped[name]
         per_sample.update({f"reward/{name}/{k}": v for k, v in scores.items()})
         if state.scorer.may_drop(name):

@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 from gyremedia import hookimpl
-from gyremedia.evaluation import EvalResult, score, summary
+from gyremedia.evaluation import EvalResult, hacking_warning, score, summary
 from gyremedia.interfaces import BuildContext
 from gyremedia.state import TrainState
 
@@ -108,26 +108,13 @@ class HackingMonitor:
         self.previous = current
 
     def _hacking(self, step: int, current: dict[str, float]) -> bool:
-        if self.previous is None or self.proxy not in current:
+        if self.previous is None:
             return False
-        tol = self.settings.tolerance
-        proxy_gain = current[self.proxy] - self.previous[self.proxy]
-        fallen = {
-            k: (self.previous[k], v)
-            for k, v in current.items()
-            if k.startswith("eval/gold/") and k in self.previous and v < self.previous[k] - tol
-        }
-        if proxy_gain > tol and fallen:
-            logger.warning(
-                "reward hacking? at step %d the proxy %s rose %.4f -> %.4f while %s",
-                step,
-                self.proxy,
-                self.previous[self.proxy],
-                current[self.proxy],
-                ", ".join(f"{k} fell {a:.4f} -> {b:.4f}" for k, (a, b) in fallen.items()),
-            )
-            return True
-        return False
+        gold = [k for k in current if k.startswith("eval/gold/")]
+        warning = hacking_warning(step, self.previous, current, self.proxy, gold, self.settings.tolerance)
+        if warning:
+            logger.warning(warning)
+        return warning is not None
 
     def state_dict(self) -> dict:
         return {"previous": self.previous, "first_diversity": self.first_diversity}

@@ -1,10 +1,9 @@
 """What the stochastic samplers here share: drawing (or replaying) a Gaussian step, and its density."""
 
-import math
-
 import torch
 
 from gyremedia.interfaces import Transition
+from gyremedia.sampling import gaussian_log_density
 
 
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -13,8 +12,7 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
     Averaging (not summing) over dimensions follows Flow-GRPO: it keeps ratios near 1 for large
     latents, so the clip range means the same thing at every resolution.
     """
-    x, mean, std = x.float(), mean.float(), std.float()
-    log_density = -((x - mean) ** 2) / (2 * std**2) - torch.log(std) - 0.5 * math.log(2 * math.pi)
+    log_density = gaussian_log_density(x, mean, std)
     return log_density.mean(dim=tuple(range(1, log_density.dim())))
 
 

@@ -9,11 +9,15 @@ so the model is a stock ``WanTransformer3DModel``. Flow convention as everywhere
 ``x_sigma = (1 - sigma) x0 + sigma eps``, the model predicts ``v = eps - x0``.
 
 Prompts are GridWalk episodes (``"episode 17: right up up stay"``, :mod:`gyremedia_world.env`): the
-start state's frame is the context and the words are the commanded actions.
+start state's frame is the context and the words are the commanded actions. A prompt may command several
+clips; the model generates its last one, continuing from the environment's frame before it, or, in a training
+rollout with ``rollout_clips > 1``, from the model's own last frame of the clips before it (generated once
+per group: the model learns from its own rollouts, as it will be used).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +27,13 @@ import torch.nn.functional as F
 
 from gyremedia.backbones.denoising import DenoisingPolicy
 from gyremedia.backbones.transformer_policy import LoraOptions, TransformerPolicy
-from gyremedia.interfaces import BuildContext
+from gyremedia.data import Prompt, prompt_fields
+from gyremedia.interfaces import BuildContext, RolloutRequest, Sampler
 from gyremedia.options import existing_folder, option
-from gyremedia.rollout import Media
-from gyremedia.runtime.streams import Stream, sample_generators
+from gyremedia.rollout import Media, Rollout
+from gyremedia.runtime.streams import Stream, sample_generators, stream_rng
 from gyremedia.sampling import sample_trajectories
-from gyremedia_world.env import ACTIONS, CLIP_FRAMES, FRAME, parse_prompt
+from gyremedia_world.env import ACTIONS, CLIP_FRAMES, FRAME, Episode, parse_prompt
 
 WORLD_FILE = "world.json"  # what the model was trained on: frame size, clip length, actions, fps
 
@@ -56,6 +61,27 @@ class VideoWorldOptions:
     lora: LoraOptions = field(default_factory=LoraOptions)
     gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
     fps: int = option(4, ge=1, help="playback rate of the media it decodes to")
+    rollout_clips: int = option(
+        1,
+        ge=1,
+        help="clips a training rollout continues an episode for: each group trains one target clip drawn from "
+        "1..rollout_clips, after the clips before it, which the model generates itself once per group",
+    )
+    clip_curriculum: int = option(
+        0, ge=0, help="steps over which the latest target clip grows from 1 to rollout_clips; 0 = from the start"
+    )
+
+    monitor_clips: int = option(
+        4,
+        ge=0,
+        help="clips of the model's own rollouts the per-clip monitor follows at each evaluation (64 held-out "
+        "episodes); 0 = none",
+    )
+
+    def capabilities(self) -> dict:
+        """With own rollouts each process generates the clips before its own groups' targets, as many as they
+        need: the processes run different model calls, which sharded (FSDP) training cannot."""
+        return {"shardable": False} if self.rollout_clips > 1 else {}
 
 
 def build_tiny_world(options: TinyWorldOptions):
@@ -84,6 +110,7 @@ class VideoWorldBackbone(TransformerPolicy, DenoisingPolicy):
 
     media_kind = "video"
     prediction = "velocity"
+    frame_dim = 2  # states are [B, 3, T, H, W]
 
     def __init__(self, options: VideoWorldOptions, context: BuildContext) -> None:
         self.options = options
@@ -107,23 +134,36 @@ class VideoWorldBackbone(TransformerPolicy, DenoisingPolicy):
                 f"{options.pretrained}: trained on actions {self.world['actions']}, this world has {list(ACTIONS)}"
             )
         self.clip_frames = int(self.world["clip_frames"])
+        self._own_contexts: dict[str, torch.Tensor] = {}  # a rollout's prompts -> the model's own context frame
         self.transformer.to(self.device)
         self._prepare_training(options.lora, options.gradient_checkpointing, context.mixed_precision)
 
     # ------------------------------------------------------------------ policy
 
     def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
-        """``context [B, 3, H, W]`` in [-1, 1] (the episode's start frame) and ``actions [B, T]``."""
+        """``context [B, 3, H, W]`` in [-1, 1] and the last clip's ``actions [B, T]``. The context is the frame the
+        clip continues from: the model's own within a rollout that generated the clips before it, else the
+        environment's (the start frame for a one-clip prompt)."""
         episodes = [parse_prompt(p) for p in prompts]
-        wrong = [p for p, e in zip(prompts, episodes) if len(e.actions) != self.clip_frames]
+        length = self.clip_frames
+        wrong = [p for p, e in zip(prompts, episodes) if len(e.actions) % length]
         if wrong:
             raise ValueError(
-                f"this world model generates clips of {self.clip_frames} frames, one action each; "
-                f"prompt {wrong[0]!r} commands a different number"
+                f"this world model generates clips of {length} frames, one action each; "
+                f"prompt {wrong[0]!r} commands a number of actions that is not a multiple of {length}"
             )
-        context = torch.stack([torch.from_numpy(e.context()) for e in episodes]) * 2 - 1
-        actions = torch.tensor([e.actions for e in episodes], dtype=torch.long)
+        context = torch.stack(
+            [
+                self._own_contexts[p] if p in self._own_contexts else self.frame(e.context(len(e.actions) - length))
+                for p, e in zip(prompts, episodes)
+            ]
+        )
+        actions = torch.tensor([e.actions[-length:] for e in episodes], dtype=torch.long)
         return {"context": context.to(self.device), "actions": actions.to(self.device)}
+
+    def frame(self, image) -> torch.Tensor:
+        """An environment frame (``[3, H, W]`` numpy in [0, 1]) as a context in [-1, 1] on the device."""
+        return torch.from_numpy(image).to(self.device) * 2 - 1
 
     def sample_noise(self, generators: list[torch.Generator]) -> torch.Tensor:
         shape = (3, self.clip_frames, self.world["frame"], self.world["frame"])
@@ -160,6 +200,100 @@ class VideoWorldBackbone(TransformerPolicy, DenoisingPolicy):
         frames = (final.float().permute(0, 2, 1, 3, 4) + 1) / 2
         return Media("video", frames.clamp(0, 1), {"fps": self.options.fps})
 
+    def media(self, rollout: Rollout) -> Media:
+        """The rollout's clips, each after the frame it continued from (``meta["context_frame"]``): the rewards
+        then read the model's own context, not the environment's, where the rollout generated it."""
+        clips = self.decode(rollout.final)
+        context = (rollout.conditions["context"].float()[:, None] + 1) / 2
+        return Media(
+            "video", torch.cat([context.clamp(0, 1), clips.data], dim=1), {**clips.meta, "context_frame": True}
+        )
+
+    # ------------------------------------------------------------------ own rollouts
+
+    def collect_rollout(self, request: RolloutRequest, sampler: Sampler) -> Rollout:
+        """Sample each group's target clip (:class:`DenoisingPolicy`); with ``rollout_clips > 1`` the target is a
+        later clip of the episode, continuing from the model's own frames (:meth:`own_contexts`)."""
+        if self.options.rollout_clips == 1:
+            return super().collect_rollout(request, sampler)
+        episodes = self.target_episodes(request)
+        prompts = [
+            Prompt(episodes[g].text, prompt_fields(p)) for p, g in zip(request.prompts, request.group_ids.tolist())
+        ]
+        self._own_contexts = self.own_contexts(episodes, sampler, request)
+        try:
+            rollout = super().collect_rollout(dataclasses.replace(request, prompts=prompts), sampler)
+        finally:
+            self._own_contexts = {}
+        rollout.metrics["rollout/target_clip"] = sum(len(e.actions) for e in episodes.values()) / (
+            self.clip_frames * len(episodes)
+        )
+        return rollout
+
+    def latest_clip(self, step: int) -> int:
+        """The latest clip a rollout may target at ``step``: ``rollout_clips``, reached linearly over
+        ``clip_curriculum`` steps from 1."""
+        o = self.options
+        if o.clip_curriculum == 0:
+            return o.rollout_clips
+        return 1 + int((o.rollout_clips - 1) * min(1.0, step / o.clip_curriculum))
+
+    def target_episodes(self, request: RolloutRequest) -> dict[int, Episode]:
+        """Each group's episode up to its target clip, drawn uniformly from the reachable ones: the prompt's
+        actions first, then random actions (the same on every process: drawn from the group's id)."""
+        latest, episodes = self.latest_clip(request.step), {}
+        for prompt, group in zip(request.prompts, request.group_ids.tolist()):
+            if group not in episodes:
+                rng = stream_rng(request.seed, request.step, Stream.GENERATION, group)
+                clips = 1 + int(rng.integers(latest))
+                episodes[group] = parse_prompt(prompt).extended(clips, self.clip_frames, rng)
+        return episodes
+
+    @torch.no_grad()
+    def own_contexts(
+        self, episodes: dict[int, Episode], sampler: Sampler, request: RolloutRequest
+    ) -> dict[str, torch.Tensor]:
+        """The frame each episode's last clip continues from: the model's own last frame of the clips before it,
+        generated clip after clip from the start frame, once per group (noise from the group's id and the clip)."""
+        length, contexts = self.clip_frames, {g: self.frame(e.context()) for g, e in episodes.items()}
+        clip = 0
+        while todo := [g for g, e in episodes.items() if len(e.actions) > (clip + 1) * length]:
+            actions = torch.tensor([episodes[g].actions[clip * length : (clip + 1) * length] for g in todo])
+            final = self.next_clip(
+                sampler,
+                torch.stack([contexts[g] for g in todo]),
+                actions.to(self.device),
+                initial=sample_generators(request.seed, request.step, (Stream.GENERATION, clip, 0), todo),
+                steps=sample_generators(request.seed, request.step, (Stream.GENERATION, clip, 1), todo),
+                num_steps=request.settings.num_steps,
+            )
+            contexts.update(zip(todo, final[:, :, -1].clamp(-1, 1)))
+            clip += 1
+        return {episodes[g].text: context for g, context in contexts.items()}
+
+    def next_clip(
+        self,
+        sampler: Sampler,
+        context: torch.Tensor,
+        actions: torch.Tensor,
+        *,
+        initial: list[torch.Generator],
+        steps: list[torch.Generator],
+        num_steps: int,
+    ) -> torch.Tensor:
+        """The clean states ``[B, 3, T, H, W]`` of the clip after ``context [B, 3, H, W]`` under ``actions [B, T]``."""
+        conditions = {"context": context, "actions": actions}
+        states, _, _ = sample_trajectories(
+            self,
+            sampler,
+            conditions,
+            initial_generators=initial,
+            step_generators=steps,
+            num_steps=num_steps,
+            guidance_scale=1.0,
+        )
+        return states[:, -1]
+
     @torch.no_grad()
     def generate_clips(
         self, sampler, context: torch.Tensor, actions: torch.Tensor, *, seed: int, ids: list[int], num_steps: int
@@ -171,17 +305,14 @@ class VideoWorldBackbone(TransformerPolicy, DenoisingPolicy):
         """
         clips = []
         for k, begin in enumerate(range(0, actions.shape[1], self.clip_frames)):
-            conditions = {"context": context, "actions": actions[:, begin : begin + self.clip_frames]}
-            states, _, _ = sample_trajectories(
-                self,
+            final = self.next_clip(
                 sampler,
-                conditions,
-                initial_generators=sample_generators(seed, k, Stream.INITIAL_NOISE, ids),
-                step_generators=sample_generators(seed, k, Stream.STEP_NOISE, ids),
+                context,
+                actions[:, begin : begin + self.clip_frames],
+                initial=sample_generators(seed, k, Stream.INITIAL_NOISE, ids),
+                steps=sample_generators(seed, k, Stream.STEP_NOISE, ids),
                 num_steps=num_steps,
-                guidance_scale=1.0,
             )
-            final = states[:, -1]
             clips.append(self.decode(final).data)
             context = final[:, :, -1].clamp(-1, 1)  # the frame as decoded: a valid image
         return torch.cat(clips, dim=1)

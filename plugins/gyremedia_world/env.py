@@ -93,13 +93,22 @@ class Episode:
     def text(self) -> str:
         return f"episode {self.episode}: " + " ".join(ACTIONS[a] for a in self.actions)
 
-    def context(self) -> np.ndarray:
-        """The frame the model continues from: the start state, rendered."""
-        return render(start_state(self.episode))
+    def context(self, after: int = 0) -> np.ndarray:
+        """The environment's own frame after the first ``after`` actions (the start state's by default): what a
+        model continues from when it is given the true history."""
+        state = start_state(self.episode)
+        for action in self.actions[:after]:
+            state = state.step(action)
+        return render(state)
 
     def truth(self) -> np.ndarray:
         """The environment's own frames after each commanded action."""
         return rollout(start_state(self.episode), list(self.actions))[0]
+
+    def extended(self, clips: int, clip_frames: int, rng: np.random.Generator) -> Episode:
+        """The episode commanded for ``clips`` clips: its own actions, then actions drawn from ``rng``."""
+        extra = rng.integers(len(ACTIONS), size=clips * clip_frames - len(self.actions))
+        return Episode(self.episode, self.actions + tuple(int(a) for a in extra))
 
 
 _PROMPT = re.compile(rf"^episode (\d+):((?: (?:{'|'.join(ACTIONS)}))+)$")

@@ -52,6 +52,30 @@ def evaluate(backbone: VideoWorldBackbone, rewards: dict, prompts: list[str], se
     return {k: nanmean(v) for k, v in score(rewards, media, prompts).items()}
 
 
+def flow_matching_step(
+    backbone: VideoWorldBackbone,
+    optimizer: torch.optim.Optimizer,
+    rng: np.random.Generator,
+    generator: torch.Generator,
+    batch: int,
+) -> float:
+    """One optimizer step of the rectified-flow loss on ``batch`` of the environment's own clips (random training
+    episodes drawn from ``rng``, levels and noise from ``generator``); returns the loss."""
+    episodes = random_episodes(
+        batch, seed=int(rng.integers(2**31)), first_episode=int(rng.integers(HELDOUT_SEED_OFFSET - batch))
+    )
+    conditions = backbone.encode([e.text for e in episodes])
+    x0 = (torch.stack([torch.from_numpy(e.truth()) for e in episodes]) * 2 - 1).permute(0, 2, 1, 3, 4)
+    t = torch.rand(batch, generator=generator)
+    noise = torch.randn(x0.shape, generator=generator)
+    loss = torch.nn.functional.mse_loss(backbone.predict(renoise(x0, noise, t), t, conditions), noise - x0)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(backbone.transformer.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def pretrain(
     out: Path, steps: int, id_steps: int, seed: int, batch: int, lr: float, eval_every: int, snapshots: Path | None
 ) -> dict:
@@ -79,24 +103,12 @@ def pretrain(
     generator = torch.Generator().manual_seed(seed)
     history = []
     for step in tqdm(range(1, steps + 1), desc="world model", mininterval=10):
-        episodes = random_episodes(
-            batch, seed=int(rng.integers(2**31)), first_episode=int(rng.integers(HELDOUT_SEED_OFFSET - batch))
-        )
-        conditions = backbone.encode([e.text for e in episodes])
-        x0 = (torch.stack([torch.from_numpy(e.truth()) for e in episodes]) * 2 - 1).permute(0, 2, 1, 3, 4)
-        t = torch.rand(batch, generator=generator)
-        noise = torch.randn(x0.shape, generator=generator)
-        xt = renoise(x0, noise, t)
-        loss = torch.nn.functional.mse_loss(backbone.predict(xt, t, conditions), noise - x0)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss = flow_matching_step(backbone, optimizer, rng, generator, batch)
         if step % eval_every == 0 or step == steps:
             record = {
                 "step": step,
                 "minutes": (time.time() - started) / 60,
-                "loss": loss.item(),
+                "loss": loss,
                 "heldout": evaluate(backbone, rewards, heldout_prompts),
                 "train": evaluate(backbone, rewards, train_prompts[: len(heldout_prompts)]),
             }

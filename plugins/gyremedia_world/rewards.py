@@ -2,7 +2,13 @@
 
 ``inverse_dynamics`` (RLIR): an inverse dynamics model reads back the action between consecutive
 frames (the context frame, then each generated one) and is scored against the commanded actions.
-``world_fidelity`` (RLVR-World): PSNR and SSIM of each generated frame against the environment's own.
+``world_fidelity`` (RLVR-World): PSNR, SSIM and the agent's overlap of each generated frame against the
+environment's own.
+
+The clip scored is a prompt's last one (a prompt may command several clips: the clips before it are history).
+Its context frame is the media's first frame when ``media.meta["context_frame"]`` says so (a training rollout
+continuing from the model's own frames), else the environment's frame before the clip. Both rewards also
+report each frame's score (``frames``, ``[B, T]``), for per-frame advantages.
 """
 
 from __future__ import annotations
@@ -16,18 +22,32 @@ import torch.nn.functional as F
 from gyremedia.config import asset_path
 from gyremedia.options import existing_folder, option
 from gyremedia.rollout import Media
-from gyremedia_world.env import Episode, parse_prompt
+from gyremedia_world.env import AGENT_COLOURS, Episode, parse_prompt, start_state
 from gyremedia_world.inverse_dynamics import InverseDynamicsModel
 
 
-def _episodes(media: Media, prompts: list[str]) -> list[Episode]:
-    """The prompts' episodes, checked against the clip length of the media."""
-    episodes = [parse_prompt(p) for p in prompts]
-    frames = media.data.shape[1]
+def _clips(media: Media, prompts: list[str]) -> tuple[list[Episode], torch.Tensor, torch.Tensor]:
+    """The prompts' episodes, the generated clips ``[B, T, 3, H, W]`` and the frames they continued from
+    ``[B, 3, H, W]``, checked against the number of actions each prompt commands."""
+    video = media.data.detach().float().cpu()
+    starts_with_context = bool(media.meta.get("context_frame"))
+    clips = video[:, 1:] if starts_with_context else video
+    frames, episodes = clips.shape[1], [parse_prompt(p) for p in prompts]
     for prompt, episode in zip(prompts, episodes):
-        if len(episode.actions) != frames:
-            raise ValueError(f"prompt {prompt!r} commands {len(episode.actions)} actions for a clip of {frames} frames")
-    return episodes
+        if not episode.actions or len(episode.actions) % frames:
+            raise ValueError(
+                f"prompt {prompt!r} commands {len(episode.actions)} actions for clips of {frames} frames: "
+                "a prompt commands whole clips, the last one generated"
+            )
+    if starts_with_context:
+        return episodes, clips, video[:, 0]
+    context = torch.stack([torch.from_numpy(e.context(len(e.actions) - frames)) for e in episodes])
+    return episodes, clips, context
+
+
+def _truth(episodes: list[Episode], frames: int) -> torch.Tensor:
+    """The environment's own frames of each episode's last ``frames`` actions, ``[B, T, 3, H, W]``."""
+    return torch.stack([torch.from_numpy(e.truth()[-frames:]) for e in episodes])
 
 
 @dataclass
@@ -46,6 +66,7 @@ class InverseDynamicsReward:
     """``score`` plus ``accuracy`` and ``log_likelihood`` of the commanded actions under the model."""
 
     kinds = {"video"}
+    frame_scores = True
     batch_size = 256
 
     def __init__(self, options: InverseDynamicsOptions, context=None) -> None:
@@ -54,27 +75,41 @@ class InverseDynamicsReward:
 
     @torch.no_grad()
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
-        episodes = _episodes(media, prompts)
-        video = media.data.detach().float().cpu()  # [B, T, 3, H, W]
-        context = torch.stack([torch.from_numpy(e.context()) for e in episodes])
+        episodes, video, context = _clips(media, prompts)
         frames = torch.cat([context[:, None], video], dim=1)
         batch, steps = video.shape[:2]
         logits = self.model(frames[:, :-1].flatten(0, 1), frames[:, 1:].flatten(0, 1)).view(batch, steps, -1)
-        actions = torch.tensor([e.actions for e in episodes])
-        accuracy = (logits.argmax(-1) == actions).float().mean(1)
-        log_likelihood = logits.log_softmax(-1).gather(-1, actions[..., None])[..., 0].mean(1)
+        actions = torch.tensor([e.actions[-steps:] for e in episodes])
+        right = (logits.argmax(-1) == actions).float()
+        log_likelihood = logits.log_softmax(-1).gather(-1, actions[..., None])[..., 0]
+        per_frame = right if self.score == "accuracy" else log_likelihood
         return {
-            "score": accuracy if self.score == "accuracy" else log_likelihood,
-            "accuracy": accuracy,
-            "log_likelihood": log_likelihood,
+            "score": per_frame.mean(1),
+            "accuracy": right.mean(1),
+            "log_likelihood": log_likelihood.mean(1),
+            "frames": per_frame,
         }
 
 
 @dataclass
 class FidelityOptions:
-    # psnr (dB, capped at 50) | ssim (in [-1, 1], 1 = identical). PSNR by default: on these mostly flat
-    # frames SSIM's structure term punishes faint background noise more than a misplaced agent.
-    score: Literal["psnr", "ssim"] = option("psnr", help="what the score is")
+    # psnr (dB, capped at 50) | ssim (in [-1, 1], 1 = identical) | agent (the agent's pixels, generated against
+    # true: intersection over union). PSNR by default: on these mostly flat frames SSIM's structure term punishes
+    # faint background noise more than a misplaced agent. An agent that breaks up or vanishes costs PSNR little
+    # (it is 16 of 256 pixels); `agent` scores that object itself.
+    score: Literal["psnr", "ssim", "agent"] = option("psnr", help="what the score is")
+
+
+AGENT_TOLERANCE = 0.25  # a pixel within this of the agent's colour in every channel is the agent's
+
+
+def agent_overlap(video: torch.Tensor, truth: torch.Tensor, colours: torch.Tensor) -> torch.Tensor:
+    """Per frame of ``[N, 3, H, W]`` images in [0, 1]: the intersection over union of the pixels of the agent's
+    colour (``colours [N, 3]``) in ``video`` and in ``truth``; 1 for identical frames, 0 for a vanished agent."""
+    colour = colours[:, :, None, None]
+    generated = ((video - colour).abs() < AGENT_TOLERANCE).all(dim=1).flatten(1)
+    true = ((truth - colour).abs() < AGENT_TOLERANCE).all(dim=1).flatten(1)
+    return (generated & true).sum(1) / (generated | true).sum(1).clamp(min=1)
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -103,18 +138,25 @@ class FidelityReward:
     """``score`` plus ``psnr`` and ``ssim`` of the clip against the environment's true frames (frame mean)."""
 
     kinds = {"video"}
+    frame_scores = True
 
     def __init__(self, options: FidelityOptions, context=None) -> None:
         self.score = options.score
 
     @torch.no_grad()
     def __call__(self, media: Media, prompts: list[str]) -> dict[str, torch.Tensor]:
-        episodes = _episodes(media, prompts)
-        video = media.data.detach().float().cpu()
-        truth = torch.stack([torch.from_numpy(e.truth()) for e in episodes])
+        episodes, video, _ = _clips(media, prompts)
+        truth = _truth(episodes, video.shape[1])
         batch = video.shape[0]
+        colours = torch.tensor([AGENT_COLOURS[start_state(e.episode).colour] for e in episodes])
+        colours = colours.repeat_interleave(video.shape[1], dim=0)
         values = {
-            "psnr": psnr(video.flatten(0, 1), truth.flatten(0, 1)).view(batch, -1).mean(1),
-            "ssim": ssim(video.flatten(0, 1), truth.flatten(0, 1)).view(batch, -1).mean(1),
+            "psnr": psnr(video.flatten(0, 1), truth.flatten(0, 1)).view(batch, -1),
+            "ssim": ssim(video.flatten(0, 1), truth.flatten(0, 1)).view(batch, -1),
+            "agent": agent_overlap(video.flatten(0, 1), truth.flatten(0, 1), colours).view(batch, -1),
         }
-        return {"score": values[self.score], **values}
+        return {
+            "score": values[self.score].mean(1),
+            **{k: v.mean(1) for k, v in values.items()},
+            "frames": values[self.score],
+        }

@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from gyremedia.cli import main
 from gyremedia.objectives.awm import awm_loss, soft_clip
-from gyremedia.objectives.forward_process import OldPolicy, noised_batch, normalised_error, stratified_levels
+from gyremedia.objectives.forward_process import (
+    ForwardProcessObjective,
+    OldPolicy,
+    noised_batch,
+    normalised_error,
+    stratified_levels,
+)
 from gyremedia.objectives.nft import nft_loss
 from gyremedia.objectives.pairwise import pairwise_loss, preference_pairs
+from gyremedia.objectives.weighting import LinearT
 from gyremedia.plugins import PluginManager
 from gyremedia.trainer import Trainer
 
@@ -225,3 +233,46 @@ def test_vgrpo_adaptive_weighting_is_the_clean_sample_error_over_its_own_magnitu
     (grad,) = torch.autograd.grad(normalised_error(5 * error()).sum(), v)
     (unscaled,) = torch.autograd.grad(normalised_error(error()).sum(), v)
     torch.testing.assert_close(grad, 5 * unscaled)
+
+
+def video_toy(seed: int = 0):
+    """Clips ``[B, C, T, H, W]`` re-noised at one level per sample, and a velocity to train."""
+    g = torch.Generator().manual_seed(seed)
+    x0, eps = torch.randn(4, 3, 4, 2, 2, generator=g), torch.randn(4, 3, 4, 2, 2, generator=g)
+    batch = noised_batch(x0, torch.rand(4, generator=g), eps)
+    return batch, torch.randn(4, 3, 4, 2, 2, generator=g).requires_grad_(True)
+
+
+FRAME_DIM = 2
+
+
+def per_frame_losses(batch, v, advantages):
+    """NFT's and AWM's losses (on-policy, ``t`` weighting) with ``[B]`` or per-frame ``[B, T]`` advantages."""
+    frame_dim = FRAME_DIM if advantages.dim() == 2 else None
+    r = batch.broadcast((advantages / 10 + 0.5).clamp(0, 1), frame_dim)
+    nft = nft_loss(v, v.detach(), batch.xt, batch.x0, batch.broadcast(batch.t), r, 1.0, 5.0)
+    log_p = ForwardProcessObjective.elbo_log_p(SimpleNamespace(weighting=LinearT()), v, batch, frame_dim)
+    awm = awm_loss(log_p, log_p.detach(), advantages, 0.0)
+    return nft, awm.mean(1) if frame_dim is not None else awm
+
+
+def test_per_frame_advantages_that_equal_the_clips_give_the_clip_level_losses_and_gradients():
+    batch, v = video_toy()
+    advantages = torch.tensor([1.5, -0.5, 2.0, -3.0])
+    for clip, frames in zip(
+        per_frame_losses(batch, v, advantages), per_frame_losses(batch, v, advantages[:, None].expand(4, 4))
+    ):
+        torch.testing.assert_close(frames, clip)
+        (clip_grad,) = torch.autograd.grad(clip.sum(), v)
+        (frame_grad,) = torch.autograd.grad(frames.sum(), v)
+        torch.testing.assert_close(frame_grad, clip_grad)
+
+
+def test_a_frames_own_advantage_moves_that_frame_alone():
+    batch, v = video_toy(1)
+    advantages = torch.zeros(4, 4)
+    advantages[:, 1] = torch.tensor([1.0, -1.0, 2.0, 0.5])
+    for loss in per_frame_losses(batch, v, advantages):
+        (grad,) = torch.autograd.grad(loss.sum(), v)
+        moved = grad.abs().amax(dim=(0, 1, 3, 4))
+        assert moved[1] > 1e-3 and moved[[0, 2, 3]].max() < 1e-7, moved

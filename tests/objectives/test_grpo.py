@@ -1,5 +1,7 @@
 """GRPO's clipped-ratio loss and KL term on a backbone whose policy is one scalar weight."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -8,7 +10,9 @@ from gyremedia.interfaces import BuildContext, ObjectiveContext
 from gyremedia.objectives.grpo import GRPOObjective, GRPOOptions
 from gyremedia.options import validate
 from gyremedia.rollout import Rollout
+from gyremedia.sampling import FrameLogProbs, frame_log_probs
 from gyremedia_samplers.flow_sde import FlowSDEOptions, FlowSDESampler
+from gyremedia_samplers.gaussian import gaussian_log_prob
 
 
 class ScalarBackbone:
@@ -182,3 +186,46 @@ def test_cps_rollouts_leave_the_deterministic_last_step_out_of_training(make_con
     )
     rollout = rollout_with_log_probs(log_probs)
     assert torch.isnan(log_probs[:, -1]).all() and objective().micro_steps(rollout, 0) == [0, 1, 2]
+
+
+def test_frame_log_probs_average_to_the_transitions_log_prob():
+    g = torch.Generator().manual_seed(0)
+    x, mean = torch.randn(2, 3, 4, 5, 5, generator=g), torch.randn(2, 3, 4, 5, 5, generator=g)
+    frames = frame_log_probs(x, mean, 0.3, frame_dim=2)
+    assert frames.shape == (2, 4)
+    torch.testing.assert_close(frames.mean(dim=1), gaussian_log_prob(x, mean, torch.full_like(mean, 0.3)))
+    torch.testing.assert_close(
+        frames[:, 1], gaussian_log_prob(x[:, :, 1], mean[:, :, 1], torch.full_like(mean[:, :, 1], 0.3))
+    )
+
+
+def test_per_frame_advantages_that_equal_the_samples_give_flow_grpos_loss_and_gradient():
+    """States [B, 2, 3] read as 2 frames of 3 elements: with every frame given its sample's advantage, per-frame
+    ratios give Flow-GRPO's loss and gradient on the first update; other per-frame advantages change them."""
+    backbone, sampler = ScalarBackbone(0.5), FlowSDESampler(FlowSDEOptions())
+    backbone.frame_dim = 1
+    rollout = make_rollout(backbone, sampler, [1.0, -1.0, 3.0, 0.0])
+    record = FrameLogProbs(frame_dim=1)
+    for i in range(3):
+        with torch.no_grad():
+            x = rollout.states[:, i]
+            record.record(
+                i,
+                sampler.step(
+                    x,
+                    backbone.predict(x, rollout.sigmas[i], {}),
+                    rollout.sigmas,
+                    i,
+                    next_state=rollout.states[:, i + 1],
+                ),
+            )
+    rollout.extras["frame_log_probs"] = record.result()
+    ctx = ObjectiveContext(backbone=backbone, sampler=sampler, guidance_scale=1.0, step=0)
+    results = []
+    for advantages in (rollout.advantages, rollout.advantages[:, None].expand(-1, 2), torch.tensor([[1.0, 0.0]] * 4)):
+        out = objective().loss(ctx, dataclasses.replace(rollout, advantages=advantages), 1)
+        (grad,) = torch.autograd.grad(out.loss, backbone.w)
+        assert out.metrics["ratio"].item() == pytest.approx(1.0)
+        results.append((out.loss.detach(), grad))
+    torch.testing.assert_close(results[1], results[0])
+    assert not torch.allclose(results[2][1], results[0][1])

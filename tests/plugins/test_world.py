@@ -4,26 +4,30 @@ environment's own frames, the backbone's conditioning, autoregressive clips, exp
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from gyremedia import hookimpl
+from gyremedia.advantages import combined_advantages
 from gyremedia.backbones.transformer_policy import LoraOptions
 from gyremedia.cli import bundled_config, main
-from gyremedia.config import ConfigError, load_config, resolve_config
-from gyremedia.interfaces import BuildContext
+from gyremedia.config import ConfigError, RolloutSection, load_config, resolve_config
+from gyremedia.interfaces import BuildContext, RolloutRequest
 from gyremedia.options import validate
 from gyremedia.plugins import PluginManager
 from gyremedia.rollout import Media
-from gyremedia.trainer import Trainer
+from gyremedia.trainer import Trainer, resolve_sharding
 from gyremedia_samplers.ode import EulerODESampler
 from gyremedia_world.backbone import TinyWorldOptions, VideoWorldBackbone, VideoWorldOptions
 from gyremedia_world.compare import compare
 from gyremedia_world.env import (
     ACTIONS,
     AGENT_COLOURS,
+    BACKGROUND,
     FRAME,
     Episode,
     WorldState,
@@ -115,9 +119,30 @@ def test_inverse_dynamics_recovers_the_environments_own_actions():
 
 def test_inverse_dynamics_rejects_prompts_of_another_clip_length():
     reward = InverseDynamicsReward(InverseDynamicsOptions(score="log_likelihood"))
-    with pytest.raises(ValueError, match="commands 2 actions for a clip of 4 frames"):
+    with pytest.raises(ValueError, match="commands 2 actions for clips of 4 frames"):
         reward(clips([Episode(1, (1, 2, 3, 4))]), ["episode 1: up down"])
     assert "expected one of accuracy, log_likelihood" in validate(InverseDynamicsOptions(score="f1"))[0]
+
+
+def test_a_prompt_of_several_clips_is_scored_on_its_last_clip_from_the_frame_before_it():
+    """A prompt of 3 clips: its last clip is scored against its own truth, read from the environment's frame before
+    it, or from the media's first frame when the media starts with its context; per-frame scores mean to the score."""
+    episodes = [e.extended(3, 4, np.random.default_rng(i)) for i, e in enumerate(random_episodes(32, seed=7))]
+    prompts = [e.text for e in episodes]
+    last = Media("video", torch.stack([torch.from_numpy(e.truth()[-4:]) for e in episodes]))
+    identify, fidelity = InverseDynamicsReward(InverseDynamicsOptions()), FidelityReward(FidelityOptions())
+    scores = identify(last, prompts)
+    assert float(scores["accuracy"].mean()) >= 0.99 and torch.all(fidelity(last, prompts)["psnr"] == 50)
+    assert scores["frames"].shape == (32, 4) and torch.allclose(scores["frames"].mean(1), scores["score"])
+    assert torch.allclose(fidelity(last, prompts)["frames"].mean(1), fidelity(last, prompts)["score"])
+    context = torch.stack([torch.from_numpy(e.context(8)) for e in episodes])[:, None]
+    with_context = Media("video", torch.cat([context, last.data], dim=1), {"context_frame": True})
+    assert torch.equal(identify(with_context, prompts)["frames"], scores["frames"])
+    assert torch.equal(fidelity(with_context, prompts)["frames"], fidelity(last, prompts)["frames"])
+    # another context frame (the episode's start): the first transition reads wrong, the others do not
+    start = torch.stack([torch.from_numpy(e.context()) for e in episodes])[:, None]
+    other = identify(Media("video", torch.cat([start, last.data], dim=1), {"context_frame": True}), prompts)
+    assert float(other["frames"][:, 0].mean()) < 0.5 and float(other["frames"][:, 1:].mean()) >= 0.99
 
 
 def test_fidelity_is_perfect_on_the_truth_and_falls_with_corruption():
@@ -135,6 +160,10 @@ def test_fidelity_is_perfect_on_the_truth_and_falls_with_corruption():
     late = Media("video", torch.cat([clips(episodes).data[:, :1], clips(episodes).data[:, :-1]], dim=1))
     moved = [i for i, e in enumerate(episodes) if e.actions[0] != 0]
     assert torch.all(reward(late, prompts)["ssim"][moved] < perfect["ssim"][moved])
+    # the agent's overlap: whole on the truth, partial one frame late, none when the agent vanishes
+    assert torch.all(perfect["agent"] == 1) and torch.all(reward(late, prompts)["agent"][moved] < 1)
+    vanished = Media("video", torch.full_like(noisy.data, BACKGROUND))
+    assert torch.all(FidelityReward(FidelityOptions(score="agent"))(vanished, prompts)["score"] == 0)
 
 
 def test_psnr_and_ssim_match_their_definitions():
@@ -190,6 +219,54 @@ def test_generated_clips_become_the_next_clips_context():
     assert torch.allclose((seen[2]["context"] + 1) / 2, video[:, 3].clamp(0, 1)) and seen[2]["actions"].tolist() == [
         [2, 2, 2, 2]
     ]
+
+
+def test_a_rollout_continues_each_group_from_the_models_own_frames():
+    """With rollout_clips=3 each group targets clip 1, 2 or 3 of its episode; the clips before it are generated once
+    per group by the model itself, whose last frame every member of the group continues from."""
+    backbone = tiny_world(rollout_clips=3)
+    prompts = [e.text for e in random_episodes(12, seed=3) for _ in range(2)]
+    ids = torch.arange(len(prompts))
+    request = RolloutRequest(
+        step=5,
+        seed=0,
+        prompts=prompts,
+        sample_ids=ids,
+        group_ids=ids // 2,
+        chunks=2,
+        settings=RolloutSection(batch_size=24, group_size=2, num_steps=2),
+    )
+    generated = []
+    next_clip = backbone.next_clip
+    backbone.next_clip = lambda *a, **k: generated.append(next_clip(*a, **k)) or generated[-1]
+    rollout = backbone.collect_rollout(request, EulerODESampler())
+    episodes = [parse_prompt(p) for p in rollout.prompts]
+    clips = [len(e.actions) // 4 for e in episodes]
+    assert set(clips) == {1, 2, 3} and rollout.metrics["rollout/target_clip"] == sum(clips) / len(clips)
+    assert [e.actions[:4] for e in episodes] == [parse_prompt(p).actions for p in prompts]  # the prompt's clip first
+    assert len(generated) == 2 and len(generated[0]) == sum(c > 1 for c in clips[::2])  # once per group, not sample
+    context, truth = (
+        rollout.conditions["context"],
+        torch.stack([backbone.frame(e.context(len(e.actions) - 4)) for e in episodes]),
+    )
+    for group in range(12):
+        rows = slice(2 * group, 2 * group + 2)
+        assert torch.equal(context[rows][0], context[rows][1]) and clips[2 * group] == clips[2 * group + 1]
+        own = not torch.allclose(context[rows][0], truth[rows][0], atol=0.2)
+        assert own == (clips[2 * group] > 1)  # the tiny random model's frames, not the environment's
+    assert rollout.conditions["actions"].tolist() == [list(e.actions[-4:]) for e in episodes]
+    media = backbone.media(rollout)
+    assert media.meta["context_frame"] and media.data.shape == (24, 5, 3, FRAME, FRAME)
+    assert torch.allclose(media.data[:, 0], ((context + 1) / 2).clamp(0, 1))
+    assert backbone._own_contexts == {}  # encode reads the environment's frames again after the rollout
+    again = tiny_world(rollout_clips=3).collect_rollout(request, EulerODESampler())
+    assert again.prompts == rollout.prompts and torch.equal(again.final, rollout.final)  # a draw of (seed, step, group)
+
+
+def test_the_latest_target_clip_grows_over_the_curriculum():
+    backbone = tiny_world(rollout_clips=4, clip_curriculum=90)
+    assert [backbone.latest_clip(step) for step in (0, 29, 30, 60, 89, 90, 500)] == [1, 1, 2, 3, 3, 4, 4]
+    assert tiny_world(rollout_clips=4).latest_clip(0) == 4
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
@@ -277,9 +354,77 @@ def test_the_same_trainer_trains_the_world_model_and_saves_gifs(tmp_path, object
         "log_likelihood",
         "diversity",
     }
-    assert set(report["gold"]) == {"world_fidelity", "world_fidelity/psnr", "world_fidelity/ssim"}
+    assert set(report["gold"]) == {
+        "world_fidelity",
+        "world_fidelity/psnr",
+        "world_fidelity/ssim",
+        "world_fidelity/agent",
+    }
     if objective == "grpo":  # long autoregressive rollouts of the base and trained models
         report = compare(run, clips=2, episodes=3)
         assert [len(report[m]) for m in ("base", "trained")] == [2, 2]
         assert all(0 <= clip["id_accuracy"] <= 1 for m in ("base", "trained") for clip in report[m])
         assert Image.open(run / "samples" / "autoregressive.gif").n_frames == 8
+
+
+class Captured:
+    """Keeps every rollout the update stage receives (and lets the default stage update), registered for the run
+    as a feature is."""
+
+    def __init__(self) -> None:
+        self.rollouts: list = []
+
+    @hookimpl
+    def gyremedia_setup(self, state, context):
+        state.plugins.register_for_run(self.Stage(self.rollouts), name="captured:run")
+
+    class Stage:
+        def __init__(self, rollouts: list) -> None:
+            self.rollouts = rollouts
+
+        @hookimpl(tryfirst=True)
+        def gyremedia_update(self, state, rollout, step):
+            self.rollouts.append(rollout)
+
+
+@pytest.mark.parametrize("objective", ["nft", "grpo"])
+def test_per_frame_credit_normalises_each_frames_scores_within_its_group(tmp_path, objective):
+    """advantage.per_frame: frame t's advantage is the group-relative advantage of the rewards' frame-t scores
+    (combined as advantage.combine says), on rollouts that continue from the model's own frames; a ratio objective
+    trains on the per-frame log-probs recorded while sampling."""
+    overrides = ["advantage.per_frame=true", "backbone.rollout_clips=2", "backbone.monitor_clips=2"]
+    overrides += ["objective={name: nft}", "sampler.name=ode"] if objective == "nft" else []
+    both = "rewards=[{name: inverse_dynamics}, {name: world_fidelity, weight: 0.5}]"
+    config = world_config(tmp_path, *overrides, both, "monitor.gold=[]", "advantage.combine=normalize_each")
+    captured = Captured()
+    Trainer(config, PluginManager(extra_plugins=[captured])).train()
+    for rollout in captured.rollouts:
+        scores = torch.stack([rollout.frame_rewards[s.name] for s in config.rewards], dim=1)  # [B, R, T]
+        assert rollout.advantages.shape == (len(rollout), 4)
+        for frame in range(4):
+            weights = torch.tensor([1.0, 0.5])
+            expected = combined_advantages(scores[:, :, frame], weights, rollout.group_ids, "normalize_each")
+            torch.testing.assert_close(rollout.advantages[:, frame], expected)
+        assert not torch.allclose(rollout.advantages, rollout.advantages[:, :1].expand(-1, 4))
+        if objective == "grpo":  # the transition's log-prob is the mean of its frames'
+            frames = rollout.extras["frame_log_probs"]
+            assert frames.shape == (*rollout.log_probs.shape, 4)
+            torch.testing.assert_close(frames.mean(dim=2), rollout.log_probs)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [m for m in metrics if "eval/clip2/inverse_dynamics/accuracy" in m]  # every clip index watched
+    assert len(evaluations) == 2 and all(0 <= m["eval/clip2/gold/world_fidelity/psnr"] <= 50 for m in evaluations)
+    assert "monitor/hacking/clip2" in evaluations[-1] and "eval/clip3/inverse_dynamics/accuracy" not in metrics[0]
+    with pytest.raises(ConfigError, match="objective 'grpo_guard' has no per-frame loss: use nft, awm, grpo or gipo"):
+        world_config(tmp_path, "advantage.per_frame=true", "objective={name: grpo_guard}")
+    with pytest.raises(ConfigError, match="reward 'jpeg_compressibility' reports no per-frame scores: leave it out"):
+        world_config(tmp_path, *overrides, "rewards.0.name=jpeg_compressibility")
+
+
+def test_own_rollouts_are_not_sharded(tmp_path, monkeypatch):
+    """Each process generates the clips before its own groups' targets, as many as they need: different model calls
+    per process, which FSDP cannot run; one clip per rollout can be sharded."""
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    fsdp = SimpleNamespace(num_processes=2, distributed_type=SimpleNamespace(value="FSDP"))
+    assert resolve_sharding(world_config(tmp_path), fsdp)
+    with pytest.raises(ConfigError, match="backbone 'video_world' cannot be sharded"):
+        resolve_sharding(world_config(tmp_path, "backbone.rollout_clips=2"), fsdp)
