@@ -180,9 +180,26 @@ class ChunkedRecord:
         return torch.stack([torch.cat(self.parts[i]) for i in sorted(self.parts)], dim=1)
 
 
-class PatchLogProbs(ChunkedRecord):
-    """Every transition's log-probs per patch token (spatial credit's old policy): ``[B, S, T]``, NaN for a step
-    without a density (a deterministic one)."""
+class PartLogProbs(ChunkedRecord):
+    """Every transition's log-probs per part of the state (``[B, S, P]``), NaN for a step without a density (a
+    deterministic one). Subclasses say how many parts a state has and what each part's log-prob is."""
+
+    def part_count(self, x: torch.Tensor) -> int:
+        raise NotImplementedError
+
+    def log_probs(self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor | float) -> torch.Tensor:
+        raise NotImplementedError
+
+    def record(self, index: int, transition: Transition) -> None:
+        x = transition.next_state
+        if transition.mean is None or transition.std is None:
+            self.keep(index, torch.full((x.shape[0], self.part_count(x)), float("nan"), device=x.device))
+        else:
+            self.keep(index, self.log_probs(x, transition.mean, transition.std))
+
+
+class PatchLogProbs(PartLogProbs):
+    """Every transition's log-probs per patch token (spatial credit's old policy): ``[B, S, T]``."""
 
     key = "token_log_probs"
 
@@ -190,18 +207,16 @@ class PatchLogProbs(ChunkedRecord):
         super().__init__()
         self.patch = patch
 
-    def record(self, index: int, transition: Transition) -> None:
-        x = transition.next_state
-        if transition.mean is None or transition.std is None:
-            tokens = (x.shape[-2] // self.patch) * (x.shape[-1] // self.patch)
-            self.keep(index, torch.full((x.shape[0], tokens), float("nan"), device=x.device))
-        else:
-            self.keep(index, patch_log_probs(x, transition.mean, transition.std, self.patch))
+    def part_count(self, x: torch.Tensor) -> int:
+        return (x.shape[-2] // self.patch) * (x.shape[-1] // self.patch)
+
+    def log_probs(self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor | float) -> torch.Tensor:
+        return patch_log_probs(x, mean, std, self.patch)
 
 
-class FrameLogProbs(ChunkedRecord):
+class FrameLogProbs(PartLogProbs):
     """Every transition's log-probs per video frame (per-frame credit's old policy for a ratio objective):
-    ``[B, S, T]``, NaN for a step without a density."""
+    ``[B, S, T]``."""
 
     key = "frame_log_probs"
 
@@ -209,12 +224,11 @@ class FrameLogProbs(ChunkedRecord):
         super().__init__()
         self.frame_dim = frame_dim
 
-    def record(self, index: int, transition: Transition) -> None:
-        x = transition.next_state
-        if transition.mean is None or transition.std is None:
-            self.keep(index, torch.full((x.shape[0], x.shape[self.frame_dim]), float("nan"), device=x.device))
-        else:
-            self.keep(index, frame_log_probs(x, transition.mean, transition.std, self.frame_dim))
+    def part_count(self, x: torch.Tensor) -> int:
+        return x.shape[self.frame_dim]
+
+    def log_probs(self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor | float) -> torch.Tensor:
+        return frame_log_probs(x, mean, std, self.frame_dim)
 
 
 class StepMeans(ChunkedRecord):
