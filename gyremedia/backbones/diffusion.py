@@ -30,8 +30,9 @@ and the velocity is ``v = eps - x0``. Conversely ``t = sigma / (sigma + sqrt(alp
 UNet was trained for ``alpha_bar >= alphas_cumprod[-1]`` only (``t <= 0.936`` for Stable Diffusion's schedule;
 above it the UNet is evaluated at its last timestep), and an epsilon model's ``x0 = (x - sigma eps) /
 sqrt(alpha_bar)`` amplifies its error by ``1 / (1 - t)`` near ``t = 1`` (relative to a velocity model, the
-forward-process losses weight its high-noise levels more). ``configs/diffusion_quickstart.yaml`` therefore
-re-noises within ``[0.3, 0.93]``.
+forward-process losses weight its high-noise levels more): with such a model keep the objective's ``t_max`` at or
+below 0.93. A v-prediction model with a zero-terminal-SNR schedule (``assets/shapes16_sd``, the quickstart's) is
+defined on all of ``[0, 1]``.
 """
 
 from __future__ import annotations

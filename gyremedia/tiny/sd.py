@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 
 from gyremedia.options import OptionError, option
-from gyremedia.tiny.sd3 import DEFAULT_WORDS, build_clip_tokenizer, build_tiny_vae
+from gyremedia.tiny.sd3 import DEFAULT_WORDS, build_clip_tokenizer, build_t5_tokenizer, build_tiny_vae
 
 
 @dataclass
@@ -43,8 +43,13 @@ class TinySDOptions:
     )
     layers_per_block: int = option(1, ge=1, help="resnet layers per UNet block")
     attention_heads: int = option(2, ge=1, help="heads of the UNet's attention layers")
-    text_hidden_size: int = option(32, ge=1, help="width of the CLIP text encoder (the UNet's cross-attention width)")
-    text_layers: int = option(2, ge=1, help="layers of the CLIP text encoder")
+    text_encoder: Literal["clip", "t5"] = option(
+        "clip",
+        help="clip: SD 1.x's CLIPTextModel (causal: a word's state does not see the words after it); t5: "
+        "a T5EncoderModel, bidirectional, which the stock pipeline's encode_prompt calls the same way",
+    )
+    text_hidden_size: int = option(32, ge=1, help="width of the text encoder (the UNet's cross-attention width)")
+    text_layers: int = option(2, ge=1, help="layers of the text encoder")
     text_max_length: int = option(16, ge=1, help="tokens per prompt")
     words: list[str] = option(default_factory=lambda: list(DEFAULT_WORDS), help="whole-word tokens")
     prediction_type: Literal["epsilon", "v_prediction"] = option(
@@ -68,6 +73,8 @@ class TinySDOptions:
                 f"must be a multiple of {2 ** (len(self.unet_channels) - 1)} "
                 "(one halving per extra unet_channels entry)",
             )
+        if self.text_encoder != "clip" and isinstance(self, TinySDXLOptions):
+            raise OptionError("text_encoder", "SDXL conditions on CLIP's pooled output: use text_encoder: clip")
         if self.zero_terminal_snr and self.prediction_type == "epsilon":
             raise OptionError(
                 "zero_terminal_snr", "pure noise has no epsilon to predict: set prediction_type: v_prediction"
@@ -141,29 +148,55 @@ def build_tiny_sd_unet(options: TinySDOptions):
     )
 
 
+def build_text_encoder(options: TinySDOptions):
+    """The tokenizer and the text encoder whose last hidden state the UNet cross-attends to (random weights
+    from the current RNG state)."""
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    width = options.text_hidden_size
+    if options.text_encoder == "t5":
+        tokenizer = build_t5_tokenizer(options.words, options.text_max_length)
+        config = T5Config(
+            vocab_size=len(tokenizer),
+            d_model=width,
+            d_kv=width // 2,
+            d_ff=width * 2,
+            num_layers=options.text_layers,
+            num_heads=2,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=options.text_max_length,
+            dropout_rate=0.0,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        return tokenizer, T5EncoderModel(config)
+    tokenizer = build_clip_tokenizer(options.words, options.text_max_length)
+    config = CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=width,
+        intermediate_size=width * 2,
+        num_attention_heads=2,
+        num_hidden_layers=options.text_layers,
+        max_position_embeddings=options.text_max_length,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        projection_dim=width,
+    )
+    return tokenizer, CLIPTextModel(config)
+
+
 def build_tiny_sd_pipeline(options: TinySDOptions, vae=None):
     """Build the tiny pipeline deterministically from ``options.seed`` (``vae``: an AutoencoderKL to use
     instead of a random one, e.g. a trained one); a ``StableDiffusionXLPipeline`` for :class:`TinySDXLOptions`."""
     from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+    from transformers import CLIPTextModelWithProjection
 
     xl = isinstance(options, TinySDXLOptions)
     with torch.random.fork_rng(devices=[]):  # everything is built on the CPU
         torch.manual_seed(options.seed)
-        tokenizer = build_clip_tokenizer(options.words, options.text_max_length)
-        text_config = CLIPTextConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=options.text_hidden_size,
-            intermediate_size=options.text_hidden_size * 2,
-            num_attention_heads=2,
-            num_hidden_layers=options.text_layers,
-            max_position_embeddings=options.text_max_length,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            projection_dim=options.text_hidden_size,
-        )
-        text_encoder = CLIPTextModel(text_config)
+        tokenizer, text_encoder = build_text_encoder(options)
+        text_config = text_encoder.config
         text_encoder_2 = CLIPTextModelWithProjection(text_config) if xl else None
         unet = build_tiny_sd_unet(options)
         if vae is None:

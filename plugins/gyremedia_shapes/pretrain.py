@@ -1,15 +1,18 @@
 """Pretrain the tiny quickstart text-to-image models on ShapesBench renders (CPU, fixed seed).
 
     python -m gyremedia_shapes.pretrain --out assets/shapes16 --steps 1500 --eval-every 500
-    python -m gyremedia_shapes.pretrain --family diffusion --out assets/shapes16_sd --vae-from assets/shapes16 ...
+    python -m gyremedia_shapes.pretrain --family diffusion_zero_snr --high-noise-share 0.5 \
+        --vae-from assets/shapes16 --out assets/shapes16_sd ...
 
-``--family diffusion`` (see :data:`FAMILIES`) makes the SD-1.x-style ``StableDiffusionPipeline`` instead: a
-UNet trained with the epsilon-prediction loss on ``scheduler.add_noise`` states (DDPM timesteps drawn
-uniformly), DDIM for evaluation, and by default the already trained autoencoder of ``--vae-from`` (its
-``shift_factor`` dropped: Stable Diffusion's pipelines only scale latents, so the diffusion model learns
-latents with their small mean). ``--family diffusion_zero_snr`` trains the same UNet on v-prediction with
-betas rescaled to a zero terminal SNR and "trailing" DDIM spacing (SD 2.x-style; not shipped, see
-docs/benchmarks.md).
+The diffusion families (see :data:`FAMILIES`) make the SD-1.x/2.x-style ``StableDiffusionPipeline`` instead: a
+UNet trained on ``scheduler.add_noise`` states (DDPM timesteps drawn uniformly, or ``--high-noise-share`` of
+each batch from the noisiest 15%), DDIM for evaluation, and by default the already trained autoencoder of
+``--vae-from`` (its ``shift_factor`` dropped: Stable Diffusion's pipelines only scale latents, so the diffusion
+model learns latents with their small mean). ``--family diffusion`` is SD 1.x's epsilon-prediction schedule,
+``diffusion_zero_snr`` v-prediction with betas rescaled to a zero terminal SNR and "trailing" DDIM spacing (SD
+2.x-style). The shipped ``assets/shapes16_sd`` is the latter with half of each batch at the noisiest levels:
+SD 1.x's schedule leaves enough signal at its last timestep to read the layout off the noise, so its UNet never
+learns to take the layout from the prompt (docs/benchmarks.md, "Diffusion UNet").
 
 Stage 1 trains the tiny AutoencoderKL to reconstruct renders; stage 2 trains the SD3 transformer and
 both CLIP text encoders with the rectified-flow loss on its latents (AdamW, EMA). Timesteps are drawn
@@ -100,6 +103,23 @@ def normalise_latents(vae, prompts: list[str], rng: np.random.Generator, shift: 
 
 
 @torch.no_grad()
+def generate(pipe, texts: list[str], seeds: list[int], steps: int = 10, arguments: dict | None = None) -> np.ndarray:
+    """``[N, CANVAS, CANVAS, 3]`` images in [0, 1] of the stock pipeline for ``texts``, one generator per seed,
+    without guidance (the tiny models are not trained for it)."""
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    return pipe(
+        texts,
+        num_inference_steps=steps,
+        guidance_scale=1.0,
+        height=CANVAS,
+        width=CANVAS,
+        generator=generators,
+        output_type="np",
+        **(arguments or {}),
+    ).images
+
+
+@torch.no_grad()
 def evaluate(
     pipe, prompts: list[str], samples: int, seed: int = 1234, steps: int = 10, arguments: dict | None = None
 ) -> dict[str, float]:
@@ -110,19 +130,11 @@ def evaluate(
     correct, criteria = [], {}
     for begin in range(0, samples, 64):
         batch = chosen[begin : begin + 64]
-        generators = [torch.Generator().manual_seed(seed + begin + i) for i in range(len(batch))]
-        images = pipe(
-            batch,
-            num_inference_steps=steps,
-            guidance_scale=1.0,
-            height=CANVAS,
-            width=CANVAS,
-            generator=generators,
-            output_type="np",
-            **arguments,
-        ).images
+        images = generate(pipe, batch, [seed + begin + i for i in range(len(batch))], steps, arguments)
         for image, prompt in zip(images, batch):
             result = verify(image, prompt)
+            if "position" in result and result["colour"]:  # the relation where both objects were drawn
+                criteria.setdefault("position_given_objects", []).append(result["position"])
             correct.append(result.pop("correct"))
             for name, ok in result.items():
                 criteria.setdefault(name, []).append(ok)
@@ -196,6 +208,10 @@ class FlowFamily:
         return torch.nn.functional.mse_loss(velocity, noise - x0)
 
 
+#: the noisiest share of the diffusion timesteps, which ``--high-noise-share`` of each batch is drawn from
+HIGH_NOISE = 0.15
+
+
 class DiffusionFamily:
     """The SD-1.x-style pipeline: ``x_t = scheduler.add_noise(x0, eps, t)`` at a DDPM timestep drawn uniformly
     (``--timesteps uniform``; the only choice), the UNet trained on the target of the scheduler's
@@ -206,10 +222,17 @@ class DiffusionFamily:
     eval_arguments: dict = {}
 
     def __init__(
-        self, prediction_type: str = "epsilon", zero_terminal_snr: bool = False, unet_channels: list[int] | None = None
+        self,
+        prediction_type: str = "epsilon",
+        zero_terminal_snr: bool = False,
+        unet_channels: list[int] | None = None,
+        text_encoder: str = "clip",
+        high_noise_share: float = 0.0,
     ) -> None:
         self.schedule = {"prediction_type": prediction_type, "zero_terminal_snr": zero_terminal_snr}
         self.sizes = {"unet_channels": list(unet_channels)} if unet_channels else {}
+        self.sizes["text_encoder"] = text_encoder
+        self.high_noise_share = high_noise_share
 
     def build(self, seed: int):
         options = TinySDOptions(**{**DIFFUSION_MODEL.__dict__, **self.schedule, **self.sizes, "seed": seed})
@@ -220,7 +243,10 @@ class DiffusionFamily:
         if timesteps != "uniform":
             raise ValueError("--family diffusion draws DDPM timesteps uniformly: use --timesteps uniform")
         scheduler = pipe.scheduler
-        t = torch.randint(0, scheduler.config.num_train_timesteps, (len(prompts),))
+        steps = scheduler.config.num_train_timesteps
+        t = torch.randint(0, steps, (len(prompts),))
+        high = torch.rand(len(prompts)) < self.high_noise_share  # where the prompt alone decides the layout
+        t = torch.where(high, torch.randint(int(steps * (1 - HIGH_NOISE)), steps, (len(prompts),)), t)
         noise = torch.randn_like(x0)
         xt = scheduler.add_noise(x0, noise, t)
         target = noise if scheduler.config.prediction_type == "epsilon" else scheduler.get_velocity(x0, noise, t)
@@ -262,12 +288,16 @@ def pretrain(
     family: str = "flow",
     vae_from: Path | None = None,
     unet_channels: list[int] | None = None,
+    text_encoder: str = "clip",
+    high_noise_share: float = 0.0,
 ) -> dict:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     kind = FAMILIES[family]
-    if unet_channels:  # another UNet depth or width than the shipped asset's
-        kind = DiffusionFamily(**kind.schedule, unet_channels=unet_channels)
+    if isinstance(kind, DiffusionFamily):
+        kind = DiffusionFamily(
+            **kind.schedule, unet_channels=unet_channels, text_encoder=text_encoder, high_noise_share=high_noise_share
+        )
     train_prompts, heldout_prompts = split_prompts(seed=0)
     pipe = kind.build(seed)
     pipe.set_progress_bar_config(disable=True)
@@ -333,6 +363,8 @@ def pretrain(
         (f" --family {family}" if family != "flow" else "")
         + (f" --vae-from {vae_from}" if vae_from else "")
         + (f" --unet-channels {' '.join(map(str, unet_channels))}" if unet_channels else "")
+        + (f" --text-encoder {text_encoder}" if text_encoder != "clip" else "")
+        + (f" --high-noise-share {high_noise_share}" if high_noise_share else "")
     )
     summary = {
         "command": f"python -m gyremedia_shapes.pretrain --out {out} --steps {steps} --vae-steps {vae_steps} "
@@ -383,6 +415,20 @@ def main(argv: list[str] | None = None) -> None:
         help="diffusion families: the UNet's width per level (default: the shipped asset's "
         f"{' '.join(map(str, DIFFUSION_MODEL.unet_channels))}; each extra level halves the size)",
     )
+    parser.add_argument(
+        "--text-encoder",
+        choices=("clip", "t5"),
+        default="clip",
+        help="diffusion families: clip (SD 1.x's, causal) or t5 (bidirectional: a word's state sees the whole "
+        "prompt, which the UNet needs to tell which object a relation puts first)",
+    )
+    parser.add_argument(
+        "--high-noise-share",
+        type=float,
+        default=0.0,
+        help="diffusion families: the share of each batch whose timesteps are drawn from the noisiest "
+        f"{round(HIGH_NOISE * 100)} percent instead of all (where the prompt alone must decide the layout)",
+    )
     parser.add_argument("--steps", type=int, default=1500, help="denoiser training steps")
     parser.add_argument("--vae-steps", type=int, default=800)
     parser.add_argument("--seed", type=int, default=0)
@@ -400,8 +446,11 @@ def main(argv: list[str] | None = None) -> None:
         help="only give the pipeline in --out (saved before pipelines had T5) its silent T5 encoder",
     )
     args = parser.parse_args(argv)
-    if args.unet_channels and args.family == "flow":
-        parser.error("--unet-channels: only the diffusion families have a UNet; add --family diffusion")
+    if (args.unet_channels or args.text_encoder != "clip" or args.high_noise_share) and args.family == "flow":
+        parser.error(
+            "--unet-channels, --text-encoder, --high-noise-share: only the diffusion families take them; "
+            "add --family diffusion"
+        )
     if args.add_t5:
         add_silent_t5(str(args.out), MODEL.words)
         return
@@ -419,6 +468,8 @@ def main(argv: list[str] | None = None) -> None:
         args.family,
         args.vae_from,
         args.unet_channels,
+        args.text_encoder,
+        args.high_noise_share,
     )
     print(json.dumps(summary["final"], indent=2))
 

@@ -141,7 +141,7 @@ def _mask(shape: str, size: int) -> np.ndarray:
     raise ValueError(f"unknown shape {shape!r}")
 
 
-def _cells_for(prompt: Prompt, rng: np.random.Generator) -> list[tuple[int, int]]:
+def cells_for(prompt: Prompt, rng: np.random.Generator) -> list[tuple[int, int]]:
     """Grid cells (row, col) for each object, in the order the prompt names them."""
     cells = [(r, c) for r in range(2) for c in range(2)]
     if prompt.relation is None:
@@ -154,8 +154,9 @@ def _cells_for(prompt: Prompt, rng: np.random.Generator) -> list[tuple[int, int]
     return [a, b] if prompt.relation in ("left of", "above") else [b, a]
 
 
-def render(prompt: Prompt | str, rng: np.random.Generator) -> np.ndarray:
-    """A ``[CANVAS, CANVAS, 3]`` float image in [0, 1] that satisfies ``prompt``."""
+def render(prompt: Prompt | str, rng: np.random.Generator, cells: list[tuple[int, int]] | None = None) -> np.ndarray:
+    """A ``[CANVAS, CANVAS, 3]`` float image in [0, 1] that satisfies ``prompt``, its objects in ``cells`` (grid
+    (row, col) per object in the prompt's order; drawn at random when None)."""
     if isinstance(prompt, str):
         prompt = parse_prompt(prompt)
     image = np.zeros((CANVAS, CANVAS, 3), dtype=np.float32)
@@ -163,7 +164,7 @@ def render(prompt: Prompt | str, rng: np.random.Generator) -> np.ndarray:
         objects = [(prompt.colour, prompt.shape)] * prompt.count
     else:
         objects = [(prompt.colour, prompt.shape), (prompt.colour2, prompt.shape2)]
-    for (colour, shape), (row, col) in zip(objects, _cells_for(prompt, rng)):
+    for (colour, shape), (row, col) in zip(objects, cells or cells_for(prompt, rng), strict=True):
         size = int(rng.choice(OBJECT_SIZES))
         dy, dx = (int(v) for v in rng.integers(0, CELL - size, size=2))  # offsets 0 .. 7 - size
         top, left = row * CELL + dy, col * CELL + dx

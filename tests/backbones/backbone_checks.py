@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
@@ -55,3 +62,56 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+GENERATE = """
+import json, sys
+import numpy as np, torch
+import diffusers
+folder, lora, out, prompts, seeds, steps, guidance, arguments, pipeline_class = sys.argv[1:10]
+pipe = getattr(diffusers, pipeline_class).from_pretrained(folder)
+if lora:
+    pipe.load_lora_weights(lora)
+output = pipe(prompt=json.loads(prompts), num_inference_steps=int(steps), guidance_scale=float(guidance),
+              output_type="pt", generator=[torch.Generator().manual_seed(s) for s in json.loads(seeds)],
+              **json.loads(arguments))
+np.save(out, output.images.float().numpy())
+ours = [m for m in sys.modules if m.split(".")[0].startswith("gyremedia")]
+assert not ours, f"the exported pipeline must load without gyremedia, but {ours} were imported"
+"""
+
+
+def stock_in_fresh_process(
+    backbone,
+    folder: Path,
+    lora: Path | None,
+    out: Path,
+    steps: int,
+    guidance: float,
+    prompts: list[str],
+    seeds: list[int],
+) -> np.ndarray:
+    """The images of the stock pipeline class that ``backbone`` exports to, loaded from ``folder`` (with the LoRA
+    adapters of ``lora``) in a fresh process that must not import gyremedia, one generator per seed."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            GENERATE,
+            str(folder),
+            str(lora or ""),
+            str(out),
+            json.dumps(prompts),
+            json.dumps(seeds),
+            str(steps),
+            str(guidance),
+            json.dumps(backbone.generation_arguments()),
+            backbone.pipeline_class,
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return np.load(out)

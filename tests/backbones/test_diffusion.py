@@ -8,15 +8,17 @@ a fresh process."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from backbone_checks import check_adapters_switch_off, ode_samples, one_thread  # noqa: F401 - an autouse fixture
+from backbone_checks import (  # noqa: F401 - one_thread is an autouse fixture
+    check_adapters_switch_off,
+    ode_samples,
+    one_thread,
+    stock_in_fresh_process,
+)
 from omegaconf import OmegaConf
 
 from gyremedia.backbones.diffusion import DiffusionBackbone, flow_to_vp, split_prediction
@@ -58,10 +60,12 @@ def stock(backbone: DiffusionBackbone, num_steps: int, guidance_scale: float) ->
     ).images
 
 
-# (backbone, tiny pipeline): SD 1.x/2.x with either parameterisation, a zero-terminal-SNR schedule, and SDXL
+# (backbone, tiny pipeline): SD 1.x/2.x with either parameterisation, a bidirectional T5 text encoder in CLIP's
+# place, a zero-terminal-SNR schedule, and SDXL
 VARIANTS = [
     pytest.param("diffusion", {"prediction_type": "epsilon"}, id="sd-epsilon"),
     pytest.param("diffusion", {"prediction_type": "v_prediction"}, id="sd-v"),
+    pytest.param("diffusion", {"prediction_type": "epsilon", "text_encoder": "t5"}, id="sd-epsilon-t5"),
     pytest.param("diffusion", {"prediction_type": "v_prediction", "zero_terminal_snr": True}, id="sd-v-zero-snr"),
     pytest.param("diffusion_xl", {"prediction_type": "epsilon"}, id="sdxl-epsilon"),
 ]
@@ -246,48 +250,6 @@ def test_trainer_and_core_name_no_concrete_backbone():
             assert word not in text, f"{path} names {word!r}"
 
 
-GENERATE = """
-import json, sys
-import numpy as np, torch
-import diffusers
-folder, lora, out, prompts, seeds, steps, guidance, arguments, pipeline_class = sys.argv[1:10]
-pipe = getattr(diffusers, pipeline_class).from_pretrained(folder)
-if lora:
-    pipe.load_lora_weights(lora)
-output = pipe(prompt=json.loads(prompts), num_inference_steps=int(steps), guidance_scale=float(guidance),
-              output_type="pt", generator=[torch.Generator().manual_seed(s) for s in json.loads(seeds)],
-              **json.loads(arguments))
-np.save(out, output.images.float().numpy())
-ours = [m for m in sys.modules if m.split(".")[0].startswith("gyremedia")]
-assert not ours, f"the exported pipeline must load without gyremedia, but {ours} were imported"
-"""
-
-
-def stock_in_fresh_process(backbone, folder: Path, lora: Path | None, out: Path, steps: int, guidance: float):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            GENERATE,
-            str(folder),
-            str(lora or ""),
-            str(out),
-            json.dumps(PROMPTS),
-            json.dumps(SEEDS),
-            str(steps),
-            str(guidance),
-            json.dumps(backbone.generation_arguments()),
-            backbone.pipeline_class,
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return np.load(out)
-
-
 @pytest.mark.parametrize("name,tiny", VARIANTS)
 def test_exports_merged_and_lora_alone_round_trip_through_stock_diffusers(tmp_path, name, tiny):
     base_folder = tmp_path / "base"
@@ -303,11 +265,15 @@ def test_exports_merged_and_lora_alone_round_trip_through_stock_diffusers(tmp_pa
     index = json.loads((tmp_path / "merged" / "model_index.json").read_text())
     assert index["_class_name"] == backbone.pipeline_class
     assert index.get("requires_safety_checker", False) is False
-    merged = stock_in_fresh_process(backbone, tmp_path / "merged", None, tmp_path / "merged.npy", 4, 3.0)
+    merged = stock_in_fresh_process(
+        backbone, tmp_path / "merged", None, tmp_path / "merged.npy", 4, 3.0, PROMPTS, SEEDS
+    )
     np.testing.assert_allclose(merged, expected, atol=2e-4)
     backbone.save_pretrained(tmp_path / "lora", merge_lora=False)
     assert not (tmp_path / "lora" / "unet").exists()
-    adapters = stock_in_fresh_process(backbone, base_folder, tmp_path / "lora", tmp_path / "lora.npy", 4, 3.0)
+    adapters = stock_in_fresh_process(
+        backbone, base_folder, tmp_path / "lora", tmp_path / "lora.npy", 4, 3.0, PROMPTS, SEEDS
+    )
     np.testing.assert_allclose(adapters, expected, atol=2e-4)
     readme = (tmp_path / "lora" / "README.md").read_text()
     assert backbone.pipeline_class in readme and "load_lora_weights" in readme and "height=16" in readme

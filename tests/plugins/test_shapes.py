@@ -107,6 +107,21 @@ def test_pretraining_builds_the_unet_depth_asked_for_and_refuses_it_for_the_flow
         main(["--out", "unused", "--unet-channels", "32", "64"])
 
 
+def test_the_high_noise_share_draws_its_timesteps_from_the_noisiest_levels():
+    """What fixed the UNet base (docs/benchmarks.md, "Diffusion UNet"): part of each batch at the levels where the
+    prompt alone decides the layout. A flow model's pretraining refuses the option."""
+    from gyremedia_shapes.pretrain import HIGH_NOISE, DiffusionFamily, main
+
+    family = DiffusionFamily("v_prediction", zero_terminal_snr=True, high_noise_share=1.0)
+    pipe = family.build(seed=0)
+    seen, forward = [], pipe.unet.forward
+    pipe.unet.forward = lambda x, t, **kwargs: seen.append(t) or forward(x, t, **kwargs)
+    family.loss(pipe, torch.zeros(64, 4, 16, 16), ["a red circle"] * 64, "uniform")
+    assert seen[0].min() >= round(1000 * (1 - HIGH_NOISE)) and len(set(seen[0].tolist())) > 10
+    with pytest.raises(SystemExit):
+        main(["--out", "unused", "--high-noise-share", "0.5"])
+
+
 def test_the_reward_reads_a_records_fields_and_the_shipped_records_match_their_text():
     """A record's fields (GenEval-style metadata) are what the verifier checks, not its text; the quickstart's
     jsonl prompt sets hold each prompt's own parse."""
