@@ -153,7 +153,10 @@ MONITOR = ["monitor.drift=true"]
 
 
 class CountingTrainer(Trainer):
-    """Counts transformer forward rows outside evaluation, and times the training steps."""
+    """Counts transformer forward rows outside evaluation (the batch size of the forward's ``input_key``), times the
+    training steps and records each evaluation (:meth:`record`)."""
+
+    input_key = "hidden_states"
 
     def setup(self):
         state = super().setup()
@@ -162,7 +165,7 @@ class CountingTrainer(Trainer):
 
         def count(module, args, kwargs):
             if self.counting:
-                self.nfe += kwargs["hidden_states"].shape[0]
+                self.nfe += kwargs[self.input_key].shape[0]
 
         # the frozen reference of a full fine-tune (KL terms) is a copy made at setup: it is counted too
         for module in (state.backbone.trainable_module(), getattr(state.backbone, "_reference_transformer", None)):
@@ -182,6 +185,11 @@ class CountingTrainer(Trainer):
             metrics = super().evaluate(step)
         finally:
             self.counting = True
+        self.record(step, metrics)
+        return metrics
+
+    def record(self, step: int, metrics: dict) -> None:
+        """Add an evaluation to the curve."""
         self.curve.append(
             {
                 "step": step,
@@ -193,7 +201,6 @@ class CountingTrainer(Trainer):
                 "drift": metrics.get("eval/drift"),
             }
         )
-        return metrics
 
 
 def run(objective: str, seed: int, steps: int | None, eval_every: int, out: Path) -> list[dict]:

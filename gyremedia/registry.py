@@ -84,6 +84,8 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
     # compilable: compile() compiles its networks in place (train.compile)
     # prefetches: prefetch(prompts) starts preparing the next step's prompts while this step trains
     # frame_dim: the axis of its states that indexes video frames (per-frame advantages broadcast along it)
+    # replays_steps: a token policy that decodes in steps: step_log_probs(rollout, steps), step_media(rollout,
+    # rows, steps) (one-step predictions) and rollout.extras["step_entropy"] [B, K]
     "backbone": {
         "frame_dim": None,
         "media_kind": None,
@@ -92,6 +94,7 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
         "shardable": False,
         "compilable": False,
         "prefetches": False,
+        "replays_steps": False,
     },
     "sampler": {"has_log_prob": False, "needs_predict": False, "prediction": None},
     # kl_regularizer: the regularizer an objective's `kl_beta` option selects (with that weight)
@@ -221,3 +224,5 @@ class PluginHost(Protocol):
     def register_module(self, module: Any, name: str | None = None) -> None: ...
 
     def register_for_run(self, plugin: Any, name: str) -> None: ...
+
+    def begin_run(self) -> None: ...

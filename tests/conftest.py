@@ -99,6 +99,47 @@ def tiny_lm(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def tiny_mdlm(tmp_path_factory) -> Path:
+    """A random tiny BERT masked LM with the addition task's character tokenizer and its mask token."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from gyremedia_text.pretrain import build_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny_mdlm")
+    tokenizer = build_tokenizer(["0123456789+="], mask=True)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+        type_vocab_size=1,
+        pad_token_id=tokenizer.pad_token_id,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(0)
+    BertForMaskedLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def make_dllm_config(tmp_path, tiny_mdlm, plugin_manager):
+    """The token-policy test config on the tiny masked-diffusion LM (completions of 4 tokens)."""
+    path = tmp_path / "dllm.yaml"
+    text = LLM_YAML.replace("RUN_DIR", str(tmp_path / "run")).replace("MODEL_DIR", str(tiny_mdlm))
+    text = text.replace("name: causal_lm", "name: masked_diffusion_lm")
+    path.write_text(text.replace("pattern: '[0-9]'", "pattern: '^[0-9][0-9]'"))  # the random model's vary in this
+
+    def make(*overrides: str, plugins: PluginManager | None = None):
+        return resolve_config(load_config(path, list(overrides)), plugins or plugin_manager)
+
+    return make
+
+
 @pytest.fixture
 def llm_yaml(tmp_path, tiny_lm) -> Path:
     path = tmp_path / "llm.yaml"

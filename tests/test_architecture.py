@@ -4,6 +4,7 @@ one sitting, functions short enough to read at a glance, and features that are p
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,3 +121,15 @@ def test_every_feature_is_a_plugin_registered_as_a_third_partys():
     text = (ROOT / "pyproject.toml").read_text()
     for feature in FEATURES:
         assert f'{feature} = "gyremedia_features.{feature}"' in text
+
+
+def test_no_core_file_names_a_policy_family():
+    """The masked-diffusion LMs came in as a plugin: the loop and the core name no family."""
+    family = re.compile(r"masked_diffusion|dllm|diffusion_lm|causal_lm", re.I)
+    named = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in core_files()
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if family.search(line)
+    ]
+    assert not named, named

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -63,21 +63,26 @@ class CausalLMOptions:
     batch_size: int = option(64, ge=1, help="prompts generated at once in evaluation")
 
 
+def inverse_cdf_sample(scores: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of ``scores`` ``[..., V]`` (tempered, filtered logits) from one uniform per row
+    (``uniform`` ``[...]``) by inverse-CDF sampling, and its log-prob under ``softmax(scores)``. A token of
+    probability 0 (outside a top-k / top-p filter) has an empty interval of the CDF and is never drawn."""
+    log_probs = scores.log_softmax(-1)
+    cdf = log_probs.exp().cumsum(-1)
+    token = torch.searchsorted(cdf, (uniform * cdf[..., -1])[..., None], right=True)[..., 0]
+    token = token.clamp_max(scores.shape[-1] - 1)
+    return token, log_probs.gather(-1, token[..., None])[..., 0]
+
+
 def sample_tokens(scores: torch.Tensor, generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row of ``scores`` ``[B, V]`` (tempered, filtered logits) by inverse-CDF sampling, and its
-    log-prob under ``softmax(scores)``.
+    """One token per row of ``scores`` ``[B, V]`` and its log-prob (:func:`inverse_cdf_sample`).
 
     Each row takes one uniform from its own generator per position, so a sample depends on its id alone, on any
     number of processes. One number per row, not one per vocabulary entry: the Gumbel-max trick this replaced
     drew ``B x V`` uniforms and took two logarithms of each at every position, which at a 151,936-token
-    vocabulary made the rollout slower than TRL's. A token of probability 0 (outside a top-k / top-p filter) has
-    an empty interval of the CDF and is never drawn."""
-    log_probs = scores.log_softmax(-1)
-    cdf = log_probs.exp().cumsum(-1)
+    vocabulary made the rollout slower than TRL's."""
     uniform = torch.cat([torch.rand(1, generator=g, device=g.device) for g in generators])
-    token = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)[:, 0]
-    token = token.clamp_max(scores.shape[-1] - 1)
-    return token, log_probs.gather(-1, token[:, None])[:, 0]
+    return inverse_cdf_sample(scores, uniform)
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
@@ -471,33 +476,39 @@ class CausalLMBackbone(TransformerPolicy):
     # ------------------------------------------------------------------ export
 
     def save_pretrained(self, out_dir: Path, *, merge_lora: bool = True) -> None:
-        """A folder plain transformers loads without gyremedia, with the tokenizer and a README: the trained
-        model (``AutoModelForCausalLM.from_pretrained``), or under LoRA with ``merge_lora`` false the adapters
-        alone in peft's format (``PeftModel.from_pretrained`` onto the base named in adapter_config.json)."""
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        self.tokenizer.save_pretrained(out_dir)
-        if self.lora_enabled and not merge_lora:
-            from peft import get_peft_model_state_dict
-            from safetensors.torch import save_file
-
-            config = self.transformer.peft_config["default"]
-            config.base_model_name_or_path = self.options.pretrained
-            config.save_pretrained(out_dir)
-            save_file(
-                {k: v.contiguous() for k, v in get_peft_model_state_dict(self.transformer).items()},
-                str(out_dir / "adapter_model.safetensors"),
-            )
-            load = ADAPTERS.format(base=self.options.pretrained, folder=out_dir)
-        else:
-            (merge_adapters(self.transformer) if self.lora_enabled else self.transformer).save_pretrained(out_dir)
-            load = MODEL.format(folder=out_dir)
-        (out_dir / "README.md").write_text(USAGE.format(load=load, folder=out_dir))
+        """A folder plain transformers loads without gyremedia (``AutoModelForCausalLM``), with the tokenizer and a
+        README; under LoRA with ``merge_lora`` false the adapters alone (:func:`save_language_model`)."""
+        save_language_model(self, Path(out_dir), merge_lora, "AutoModelForCausalLM", USAGE)
 
 
-MODEL = 'model = AutoModelForCausalLM.from_pretrained("{folder}")'
+def save_language_model(policy: Any, out_dir: Path, merge_lora: bool, auto_class: str, usage: str) -> None:
+    """Write ``policy``'s tokenizer, model and a README: the trained model (``auto_class.from_pretrained``), or
+    under LoRA with ``merge_lora`` false the adapters alone in peft's format (``PeftModel.from_pretrained`` onto
+    the base named in adapter_config.json). ``usage``: the README, with ``{load}`` and ``{folder}`` to fill."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    policy.tokenizer.save_pretrained(out_dir)
+    base = policy.options.pretrained
+    if policy.lora_enabled and not merge_lora:
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        config = policy.transformer.peft_config["default"]
+        config.base_model_name_or_path = base
+        config.save_pretrained(out_dir)
+        save_file(
+            {k: v.contiguous() for k, v in get_peft_model_state_dict(policy.transformer).items()},
+            str(out_dir / "adapter_model.safetensors"),
+        )
+        load = ADAPTERS.format(base=base, folder=out_dir, auto_class=auto_class)
+    else:
+        (merge_adapters(policy.transformer) if policy.lora_enabled else policy.transformer).save_pretrained(out_dir)
+        load = MODEL.format(folder=out_dir, auto_class=auto_class)
+    (out_dir / "README.md").write_text(usage.format(load=load, folder=out_dir))
+
+
+MODEL = 'model = {auto_class}.from_pretrained("{folder}")'
 ADAPTERS = (
-    'from peft import PeftModel\n\nmodel = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{base}"), '
+    'from peft import PeftModel\n\nmodel = PeftModel.from_pretrained({auto_class}.from_pretrained("{base}"), '
     '"{folder}")  # the LoRA adapters alone'
 )
 USAGE = """# Trained with gyremedia

@@ -134,6 +134,16 @@ def importance_weights(
     return weights.float()
 
 
+def old_log_probs(
+    ctx: ObjectiveContext, rollout: Rollout, log_probs: Callable[[Rollout], torch.Tensor]
+) -> torch.Tensor:
+    """``log_probs`` of the whole rollout before its first update (the old policy of its ratios), computed a
+    minibatch at a time as the updates will, without gradients."""
+    size = len(rollout) // ctx.minibatches
+    with torch.no_grad():
+        return torch.cat([log_probs(rollout.select(slice(b, b + size))) for b in range(0, len(rollout), size)])
+
+
 class TokenGRPOObjective:
     """Clipped-ratio policy gradient over a rollout's completion tokens."""
 
@@ -156,15 +166,7 @@ class TokenGRPOObjective:
             mask = mask & ~rollout.truncated.to(mask.device)[:, None]
         rollout.extras["loss_mask"] = mask
         if ctx.minibatches * ctx.passes > 1 or o.importance_correction != "none":
-            size = len(rollout) // ctx.minibatches
-            with torch.no_grad():
-                old = torch.cat(
-                    [
-                        ctx.backbone.token_log_probs(rollout.select(slice(b, b + size)))
-                        for b in range(0, len(rollout), size)
-                    ]
-                )
-            rollout.extras["old_log_probs"] = old
+            old = rollout.extras["old_log_probs"] = old_log_probs(ctx, rollout, ctx.backbone.token_log_probs)
             if o.importance_correction != "none":
                 rollout.extras["is_weights"] = importance_weights(
                     old, rollout.log_probs, o.importance_correction, cap=o.correction_cap, threshold=o.cis_threshold

@@ -18,7 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +33,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from gyremedia_text.task import MAX_DIGITS, answer, is_correct, make_problems, parse_prompt
 
-PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+PAD, EOS, UNK, MASK = "<pad>", "<eos>", "<unk>", "<mask>"
 MAX_LENGTH = 32  # positions; the longest sequence, "999+999=1998<eos>", has 13 tokens
 MAX_NEW_TOKENS = MAX_DIGITS + 2  # the sum's digits and <eos>
 TRAIN_PROMPTS, HELDOUT_PROMPTS = 2000, 256
@@ -47,12 +50,13 @@ MODEL = dict(
 )
 
 
-def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
-    """A one-token-per-character tokenizer trained on ``corpus``; pads on the left for generation."""
+def build_tokenizer(corpus: list[str], mask: bool = False) -> PreTrainedTokenizerFast:
+    """A one-token-per-character tokenizer trained on ``corpus``; pads on the left for generation. ``mask``
+    adds the mask token a masked-diffusion model unmasks."""
     tokenizer = Tokenizer(WordLevel(unk_token=UNK))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()  # concatenate characters, no spaces between them
-    tokenizer.train_from_iterator(corpus, WordLevelTrainer(special_tokens=[PAD, EOS, UNK]))
+    tokenizer.train_from_iterator(corpus, WordLevelTrainer(special_tokens=[PAD, EOS, UNK] + [MASK] * mask))
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         pad_token=PAD,
@@ -60,6 +64,7 @@ def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
         unk_token=UNK,
         padding_side="left",
         model_max_length=MAX_LENGTH,
+        **({"mask_token": MASK} if mask else {}),
     )
 
 
@@ -137,9 +142,14 @@ def complete(
 
 
 def evaluate(
-    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, train: list[str], heldout: list[str]
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerFast,
+    train: list[str],
+    heldout: list[str],
+    complete: Callable[..., list[str]] = complete,
 ) -> dict[str, float | dict[str, float]]:
-    """Exact-match accuracies: greedy on both splits, and temperature-1 pass@1 / pass@8 held out."""
+    """Exact-match accuracies of ``complete``'s answers (``model, tokenizer, prompts[, temperature]`` -> texts):
+    greedy on both splits, and temperature-1 pass@1 / pass@8 held out."""
     model.eval()
     greedy = [is_correct(p, c) for p, c in zip(heldout, complete(model, tokenizer, heldout))]
     by_digits: dict[str, list[bool]] = {}
@@ -159,24 +169,65 @@ def evaluate(
     return metrics
 
 
+@dataclass(frozen=True)
+class Family:
+    """What a pretraining run needs of a model family: its tokenizer, model, loss and decoder, how its command is
+    spelled and what its evaluation decodes."""
+
+    module: str  # the command's module: python -m MODULE
+    tokenizer: Callable[[list[str]], PreTrainedTokenizerFast]
+    model: Callable[[PreTrainedTokenizerFast, int], torch.nn.Module]
+    loss: Callable[[torch.nn.Module, PreTrainedTokenizerFast, list[str], torch.Generator], torch.Tensor]
+    complete: Callable[..., list[str]]
+    evaluation: str
+    shape: dict[str, Any]  # the model's size, for the summary
+
+
+def causal_loss(model, tokenizer: PreTrainedTokenizerFast, prompts: list[str], generator) -> torch.Tensor:
+    """Next-token cross-entropy on the answer and <eos> (no randomness: ``generator`` is unused)."""
+    return model(**training_batch(tokenizer, prompts)).loss
+
+
+CAUSAL = Family(
+    module="gyremedia_text.pretrain",
+    tokenizer=build_tokenizer,
+    model=build_model,
+    loss=causal_loss,
+    complete=complete,
+    evaluation="exact match of the leading digits; greedy",
+    shape=MODEL,
+)
+
+
 def pretrain(
-    out: Path, steps: int, seed: int, batch: int, lr: float, warmup: int, eval_every: int, threads: int
+    out: Path,
+    steps: int,
+    seed: int,
+    batch: int,
+    lr: float,
+    warmup: int,
+    eval_every: int,
+    threads: int,
+    family: Family = CAUSAL,
+    flags: str = "",
 ) -> dict:
-    """Train, evaluate every ``eval_every`` steps, save the folder and return the summary."""
+    """Train ``family``'s model, evaluate every ``eval_every`` steps, save the folder and return the summary
+    (``flags``: the command's family-specific options, as written)."""
     torch.set_num_threads(threads)
     started = time.time()
     train_prompts = make_problems(TRAIN_PROMPTS, TRAIN_FILE_SEED, "train", unique=True)
     heldout_prompts = make_problems(HELDOUT_PROMPTS, HELDOUT_FILE_SEED, "heldout", unique=True)
     stream = make_problems(steps * batch, seed, "train")
-    tokenizer = build_tokenizer([p + answer(p) for p in train_prompts])
-    model = build_model(tokenizer, seed)
+    tokenizer = family.tokenizer([p + answer(p) for p in train_prompts])
+    model = family.model(tokenizer, seed)
     model.train()
+    generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     history = []
     progress = tqdm(range(1, steps + 1), desc="pretrain", mininterval=5)
     for step in progress:
-        loss = model(**training_batch(tokenizer, stream[(step - 1) * batch : step * batch])).loss
+        loss = family.loss(model, tokenizer, stream[(step - 1) * batch : step * batch], generator)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -188,7 +239,7 @@ def pretrain(
                 "step": step,
                 "seconds": round(time.time() - started, 1),
                 "loss": float(loss),
-                **evaluate(model, tokenizer, train_prompts, heldout_prompts),
+                **evaluate(model, tokenizer, train_prompts, heldout_prompts, family.complete),
             }
             history.append(record)
             tqdm.write(json.dumps(record))
@@ -199,18 +250,18 @@ def pretrain(
     (out / "train_prompts.txt").write_text("\n".join(train_prompts) + "\n")
     (out / "heldout_prompts.txt").write_text("\n".join(heldout_prompts) + "\n")
     summary = {
-        "command": f"python -m gyremedia_text.pretrain --out {out} --steps {steps} --seed {seed} --batch {batch} "
-        f"--lr {lr} --warmup {warmup} --eval-every {eval_every} --threads {threads}",
+        "command": f"python -m {family.module} --out {out} --steps {steps} --seed {seed} --batch {batch} "
+        f"--lr {lr} --warmup {warmup} --eval-every {eval_every} --threads {threads}{flags}",
         "seed": seed,
         "steps": steps,
         "batch": batch,
         "lr": lr,
         "warmup": warmup,
         "torch_threads": threads,
-        "model": {"class": type(model).__name__, **MODEL, "vocab_size": len(tokenizer)},
+        "model": {"class": type(model).__name__, **family.shape, "vocab_size": len(tokenizer)},
         "parameters": sum(p.numel() for p in model.parameters()),
         "seconds": round(time.time() - started, 1),
-        "evaluation": f"exact match of the leading digits; greedy on {HELDOUT_PROMPTS} held-out and "
+        "evaluation": f"{family.evaluation} on {HELDOUT_PROMPTS} held-out and "
         f"{TRAIN_PROMPTS} train prompts; {EVAL_SAMPLES} samples per held-out prompt at "
         f"temperature 1 (seed {EVAL_SEED}); by_max_digits groups by the longer operand",
         "final": history[-1],
@@ -222,24 +273,36 @@ def pretrain(
     return summary
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(description: str, steps: int) -> argparse.ArgumentParser:
+    """The options every pretraining command takes (``steps``: its default step count)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="model folder to write")
-    parser.add_argument("--steps", type=int, default=575)
-    parser.add_argument("--seed", type=int, default=0, help="initialisation and training-data order")
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--seed", type=int, default=0, help="initialisation, training-data order and masks")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=100, help="linear warm-up steps; constant afterwards")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (results depend on it)")
-    args = parser.parse_args(argv)
-    summary = pretrain(args.out, args.steps, args.seed, args.batch, args.lr, args.warmup, args.eval_every, args.threads)
+    return parser
+
+
+def report(summary: dict, out: Path) -> None:
+    """Print what a pretraining run made and its final accuracies."""
     final = summary["final"]
-    print(f"{summary['parameters']:,} parameters, {summary['steps']} steps in {summary['seconds']:.0f} s -> {args.out}")
+    print(f"{summary['parameters']:,} parameters, {summary['steps']} steps in {summary['seconds']:.0f} s -> {out}")
     print(
         f"held-out greedy {final['heldout_greedy']:.3f}, train greedy {final['train_greedy']:.3f}, "
         f"held-out sampled pass@1 {final['heldout_sampled_pass@1']:.3f}, "
         f"pass@{EVAL_SAMPLES} {final[f'heldout_sampled_pass@{EVAL_SAMPLES}']:.3f}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = arguments(__doc__, 575).parse_args(argv)
+    report(
+        pretrain(args.out, args.steps, args.seed, args.batch, args.lr, args.warmup, args.eval_every, args.threads),
+        args.out,
     )
 
 

@@ -159,7 +159,7 @@ def test_a_token_policy_takes_no_sampler_and_only_token_objectives(make_llm_conf
     with pytest.raises(
         ConfigError,
         match="objective 'grpo' trains denoising transitions, but backbone "
-        "'causal_lm' emits tokens: choose one of token_grpo",
+        "'causal_lm' emits tokens: choose one of egspo, lightning_rl, stable_drl, token_grpo",
     ):
         make_llm_config("objective={name: grpo}")
     with pytest.raises(
