@@ -42,7 +42,6 @@ class PluginManager:
         self.pm.add_hookspecs(hookspecs)
         self.failed: list[FailedPlugin] = []
         self.distributions: dict[str, str] = {}
-        self._run_plugins: list[str] = []  # a run's components and feature objects (begin_run unregisters them)
         # The stages' default implementations load always, whatever GYREMEDIA_PLUGINS allows.
         self.pm.register(stages, name=ESSENTIAL_PLUGIN)
         self.distributions[ESSENTIAL_PLUGIN] = "gyremedia"
@@ -96,7 +95,6 @@ class PluginManager:
                 copies += 1
                 unique = f"{name}#{copies}"
             self.pm.register(component, name=unique)
-            self._run_plugins.append(unique)
 
     def register_for_run(self, plugin: Any, name: str) -> None:
         """Register a feature's per-run object (from ``gyremedia_setup``), replacing the one an earlier run in
@@ -104,15 +102,6 @@ class PluginManager:
         if self.pm.get_plugin(name) is not None:
             self.pm.unregister(name=name)
         self.pm.register(plugin, name=name)
-        self._run_plugins.append(name)
-
-    def begin_run(self) -> None:
-        """Unregister the objects an earlier run in this process registered (its components' and features'
-        hooks), so a second run's hooks are its own config's alone."""
-        for name in dict.fromkeys(self._run_plugins):
-            if self.pm.get_plugin(name) is not None:
-                self.pm.unregister(name=name)
-        self._run_plugins.clear()
 
     def _collect_registrations(self) -> Registry:
         registry = Registry()

@@ -36,15 +36,11 @@ class Media:
         return len(self.data)
 
     def select(self, index: torch.Tensor | list[int] | slice) -> Media:
-        """The media of a subset of the batch (with the per-sample tensors of ``meta``: those of its length)."""
-        idx = range(len(self.data))[index] if isinstance(index, slice) else [int(i) for i in index]
-        meta = {
-            k: v[list(idx)] if isinstance(v, torch.Tensor) and v.dim() and len(v) == len(self) else v
-            for k, v in self.meta.items()
-        }
+        """The media of a subset of the batch."""
         if isinstance(self.data, list):
-            return Media(self.kind, [self.data[i] for i in idx], meta)
-        return Media(self.kind, self.data[index], meta)
+            idx = range(len(self.data))[index] if isinstance(index, slice) else [int(i) for i in index]
+            return Media(self.kind, [self.data[i] for i in idx], dict(self.meta))
+        return Media(self.kind, self.data[index], dict(self.meta))
 
 
 @dataclass

@@ -145,7 +145,9 @@ class StepAdvantages:
         self.scorer: Scorer | None = None
 
     @hookimpl(tryfirst=True)
-    def gyremedia_compute_advantages(self, state: TrainState, rollout: Rollout, step: int) -> dict[str, float]:
+    def gyremedia_compute_advantages(self, state: TrainState, rollout: Rollout, step: int) -> dict[str, float] | None:
+        if not isinstance(state.objective, EGSPOObjective):  # registered by an earlier run in this process
+            return None
         metrics = advantage_stage.gyremedia_compute_advantages(state=state, rollout=rollout, step=step)
         order = rollout.conditions["order"]
         entropy = rollout.extras["step_entropy"]

@@ -84,7 +84,6 @@ def resolve_sharding(config: ResolvedConfig, accelerator: Any) -> bool:
 def build_components(state: TrainState, context: BuildContext) -> None:
     """Build every selected component, then let the features set up theirs (``gyremedia_setup``)."""
     config, plugins = state.config, state.plugins
-    plugins.begin_run()
     state.backbone = plugins.build(config.backbone, context)
     # a policy that samples its own transitions has no sampler section
     state.sampler = plugins.build(config.sampler, context) if config.sampler is not None else None
