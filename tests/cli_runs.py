@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -29,3 +32,25 @@ def pip_install(target: Path, *packages: Path) -> None:
         + ["--target", str(target), *map(str, packages)],
         check=True,
     )
+
+
+def with_threads(threads: int) -> dict[str, str]:
+    """The environment for a run with ``threads`` torch threads beside the suite's other worker: its learning figures
+    were measured with that many (another count rounds differently, in effect another seed), and its threads sleep
+    instead of spinning while they wait (the same numbers; two spinning runs on two cores ran 3x slower)."""
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
+
+
+def children_cpu_minutes() -> float:
+    """CPU minutes this process's finished children have used: what a run costs, whatever else shares the cores (the
+    suite's tests run side by side, so their wall time is not a run's own)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (usage.ru_utime + usage.ru_stime) / 60
+
+
+def heldout_change(run: Path, key: str) -> tuple[dict[str, float], float]:
+    """A finished run's paired change in the eval score ``key`` from step 0 to its last step (heldout_changes.json:
+    what `gyremedia eval RUN` measures, tests/test_evaluation.py) and its step-0 value."""
+    change = json.loads((run / "heldout_changes.json").read_text())[key]
+    base = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])[f"eval/{key}"]
+    return change, base

@@ -1,7 +1,8 @@
-"""Shared fixtures: a tiny run config that trains in seconds on a CPU."""
+"""Shared fixtures: a tiny run config that trains in seconds on a CPU; the suite's threads and order."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ from omegaconf import OmegaConf
 
 from gyremedia.config import load_config, resolve_config
 from gyremedia.plugins import PluginManager
+
+pytest_plugins = ["suite_budget"]
 
 TINY_YAML = """
 run: {output_dir: RUN_DIR, seed: 0}
@@ -28,6 +31,21 @@ eval: {samples: 6, grid_size: 6}
 export: {on_train_end: false}
 logging: {loggers: [jsonl], progress: false}
 """
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch thread for each worker and every process a test starts, unless the test asks for more
+    (cli_runs.with_threads): the suite runs on every core at once (pytest-xdist, a worker a core: pyproject.toml),
+    and two workers of two spinning OpenMP threads on two cores ran 3x slower than two of one. Set before the workers
+    start, so that they and the processes they start inherit it."""
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first: the workers take the long runs while the short tests fill the gaps between them."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")

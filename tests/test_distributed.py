@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -15,30 +16,39 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 OVERRIDES = ["rollout.batch_size=12", "rollout.group_size=4", "train.steps=3", "checkpoint.every=100"]
 
 
+def accelerate_launch(processes: int, script: Path, *args: str) -> list[str]:
+    """``accelerate launch`` of ``script`` on ``processes`` gloo processes, rendezvousing on a free port (the suite's
+    workers may launch two at once; accelerate's default port is one for all)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        str(port),
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(script),
+        *args,
+    ]
+
+
 def run_worker(tiny_yaml, out: Path, processes: int, extra: tuple[str, ...] = ()) -> list[dict]:
     out.mkdir()
     overrides = [*OVERRIDES, f"run.output_dir={out / 'run'}", *extra]
     if processes == 1:
         command = [sys.executable, str(WORKER), str(tiny_yaml), str(out), *overrides]
     else:
-        command = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--num_processes",
-            str(processes),
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            str(WORKER),
-            str(tiny_yaml),
-            str(out),
-            *overrides,
-        ]
+        command = accelerate_launch(processes, WORKER, str(tiny_yaml), str(out), *overrides)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -58,6 +68,7 @@ def single_and_ddp(tmp_path_factory) -> tuple[dict, list[dict]]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("single_and_ddp")  # one worker computes the shared runs once
 def test_two_processes_match_one_process(single_and_ddp):
     single, ranks = single_and_ddp
     assert [r["num_processes"] for r in ranks] == [2, 2]
@@ -84,6 +95,7 @@ def test_two_processes_match_one_process(single_and_ddp):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("single_and_ddp")  # one worker computes the shared runs once
 def test_fsdp2_shards_the_model_and_trains_as_ddp(single_and_ddp, tiny_yaml, tmp_path):
     """train.sharding=fsdp2 on two gloo processes: each holds half of every parameter, the advantages are the
     one-process run's, the gradient norm every step and, after 3 steps, the gathered weights equal DDP's (1e-6:
@@ -143,6 +155,7 @@ def test_fsdp2_shards_the_model_and_trains_as_ddp(single_and_ddp, tiny_yaml, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("single_and_ddp")  # one worker computes the shared runs once
 def test_reused_rollout_forwards_on_two_processes_train_as_ddp(single_and_ddp, tiny_yaml, tmp_path):
     """train.reuse_rollout_forward under DDP: the kept forwards' backward synchronises nothing, so their
     minibatch averages its gradients itself; the replicas stay identical and end with DDP's weights (1e-6: the
@@ -163,6 +176,7 @@ def test_reused_rollout_forwards_on_two_processes_train_as_ddp(single_and_ddp, t
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("single_and_ddp")  # one worker computes the shared runs once
 def test_a_compiled_policy_on_two_processes_trains_as_ddp(single_and_ddp, tiny_yaml, tmp_path):
     """train.compile under DDP (the network compiled in place, then wrapped): the replicas stay identical and
     follow eager DDP's weights up to the compiled kernels' rounding (3e-6 here)."""
@@ -269,20 +283,9 @@ def test_a_reward_failing_on_one_process_stops_every_process_with_the_reward_nam
     from gyremedia.runtime.checkpoint import latest_checkpoint, list_checkpoints
 
     run = tmp_path / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        str(WORKER.with_name("reward_failure_worker.py")),
+    command = accelerate_launch(
+        2,
+        WORKER.with_name("reward_failure_worker.py"),
         "1",
         "2",
         "raise",
@@ -295,7 +298,7 @@ def test_a_reward_failing_on_one_process_stops_every_process_with_the_reward_nam
         "eval.samples=4",
         "train.steps=4",
         "checkpoint.every=1",
-    ]
+    )
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     start = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)

@@ -88,3 +88,17 @@ def test_evaluation_applies_each_rewards_timeout_and_failure_policy_and_counts_w
         RewardError, match=r"^reward 'half' failed in the step-5 evaluation on prompt 'p1': 'score' is nan"
     ):
         score({"half": Half()}, media, prompts, [], "in the step-5 evaluation")  # fail, the default
+
+
+@pytest.mark.parametrize("run_yaml", ["tiny_yaml", "llm_yaml"])
+def test_eval_command_measures_the_runs_own_heldout_changes(request, run_yaml, tmp_path, capsys):
+    """A run's heldout_changes.json (its step-0 and last evaluations: the same samples) is the gain `gyremedia eval`
+    measures, images and text alike, so the slow learning tests read the file instead of evaluating twice more."""
+    assert main(["train", str(request.getfixturevalue(run_yaml)), "train.steps=2", "train.learning_rate=0.01"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    changes = json.loads((tmp_path / "run" / "heldout_changes.json").read_text())[report["metric"]]
+    assert report["samples"] == changes["samples"]
+    for key, points in (("mean", "points"), ("ci95_low", "ci95_low"), ("ci95_high", "ci95_high")):
+        assert report["gain"][points] == pytest.approx(100 * changes[key], abs=1e-9), key

@@ -107,6 +107,21 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_yaml, tmp_path):
     assert comparable(resumed[2]) == comparable(expected[2])
 
 
+def test_evaluating_more_often_changes_no_training_number(tiny_yaml, tmp_path):
+    """Evaluations draw from their own fixed seeds: a run evaluated at every step trains exactly as one evaluated
+    only at its first and last (the slow learning tests may evaluate less often than their configs)."""
+    runs = {}
+    for every in (1, 0):
+        run = tmp_path / str(every)
+        assert main(["train", str(tiny_yaml), f"run.output_dir={run}", "train.steps=3", f"eval.every={every}"]) == 0
+        runs[every] = [
+            {k: v for k, v in comparable(m).items() if not k.startswith(("eval/", "monitor/"))}
+            for m in train_steps(run)
+        ]
+    assert len(runs[1]) == 3 and runs[1] == runs[0]
+    assert sum("eval/jpeg_compressibility" in m for m in read_metrics(tmp_path / "1")) == 4
+
+
 def test_prompts_encoded_ahead_in_a_thread_change_no_number(make_config, tmp_path):
     runs = []
     for prefetch in (True, False):

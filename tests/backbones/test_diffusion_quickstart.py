@@ -2,18 +2,18 @@
 Stable-Diffusion-style ShapesBench model, end to end, with seed 0 and the default threads; the export of each run
 loads in stock diffusers in a fresh process and generates what gyremedia's DDIM sampler generates. Slow; in CI.
 
-The quickstart must gain at least the issue's +20 held-out points with its paired 95% interval above zero (seed 0
-measured +23.0 at step 75 here in 2.6 minutes, the whole command; seeds 1 and 2 +20.7 and +23.4 with one thread:
-docs/benchmarks.md "Diffusion UNet"). DDPO's recipe does not reach the issue's +10 (seeds 0, 1, 2 with one thread:
-+5.9, +1.6, -3.1), so its test asserts what it does: it trains without collapsing (its own learning rate, 3e-4,
-lost 19.9 points) and exports. The time
-bounds leave room for a slower machine than the 5 and 10 minutes the issue set for this one.
+The quickstart must gain at least the issue's +20 held-out points with its paired 95% interval above zero (seed 0,
+default threads, 100 steps: +23.0, the whole command 2.6 minutes on a 2-core AMD EPYC; at 75 steps seeds 1 and 2
+gained +20.7 and +23.4 with one thread: docs/benchmarks.md "Diffusion UNet"). DDPO's recipe does not reach the
+issue's +10 (seeds 0, 1, 2 with one thread, 80 steps: +5.9, +1.6, -3.1), so its test asserts what it does, in the
+first 40 of its 80 steps: it trains without collapsing (a loss of 10 points fails: its own learning rate, 3e-4, had
+lost 19.5 points by step 40, and seed 0 at its 1e-4 stood at +3.9 there) and exports. The time bounds leave room for
+a 2-core Intel Xeon, about twice as slow.
 """
 
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -21,13 +21,17 @@ import torch
 from backbone_checks import ode_samples, stock_in_fresh_process
 from omegaconf import OmegaConf
 
-from cli_runs import gyremedia
+from cli_runs import children_cpu_minutes, gyremedia, with_threads
 from gyremedia.interfaces import BuildContext
 from gyremedia.plugins import PluginManager
 from gyremedia_samplers.ddim import DDIMEtaOptions, DDIMEtaSampler
 
-# config: (least held-out points, whether the paired interval must clear zero, most minutes for the whole command)
-TARGETS = {"diffusion_quickstart": (20, True, 8), "diffusion_ddpo": (-10, False, 15)}
+# config: (least held-out points, whether the paired interval must clear zero, most minutes of its cores for the
+# whole command (CPU minutes / threads), torch threads (the measured figures'), the test's overrides)
+TARGETS = {
+    "diffusion_quickstart": (20, True, 8, 2, ()),
+    "diffusion_ddpo": (-10, False, 8, 1, ("train.steps=40",)),  # its evaluations: steps 0 and 40
+}
 PROMPTS, SEEDS = ["a red circle left of a blue square", "two green triangles"], [5, 6]
 
 
@@ -38,19 +42,19 @@ def exported_backbone(folder: str):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(1500)
 @pytest.mark.parametrize("config", sorted(TARGETS))
 def test_the_run_raises_heldout_accuracy_and_its_export_samples_as_we_do(tmp_path, config):
-    least_points, interval_above_zero, most_minutes = TARGETS[config]
+    least_points, interval_above_zero, most_minutes, threads, overrides = TARGETS[config]
     run = tmp_path / config
-    start = time.monotonic()
-    gyremedia("train", config, f"run.output_dir={run}", timeout=1500)
-    minutes = (time.monotonic() - start) / 60
+    start = children_cpu_minutes()
+    gyremedia("train", config, f"run.output_dir={run}", *overrides, timeout=1500, env=with_threads(threads))
+    minutes = children_cpu_minutes() - start
     gain = json.loads((run / "heldout_changes.json").read_text())["shapes_verifier/correct"]
-    print(json.dumps(gain), f"\n{config} took {minutes:.1f} minutes")
+    print(json.dumps(gain), f"\n{config} took {minutes:.1f} CPU minutes")
     assert 100 * gain["mean"] >= least_points, gain
     assert gain["ci95_low"] > 0 or not interval_above_zero, gain
-    assert minutes <= most_minutes, f"the run took {minutes:.1f} minutes"
+    assert minutes <= most_minutes * threads, f"the run took {minutes:.1f} CPU minutes"
 
     backbone = exported_backbone(str(run / "pipeline"))
     with torch.no_grad():

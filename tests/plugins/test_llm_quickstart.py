@@ -1,29 +1,37 @@
 """`gyremedia train llm_quickstart`, end to end: token GRPO teaches the tiny addition model to add.
 
-Slow (about 2 minutes on 2 CPU cores) and run in CI. It trains from the shipped model with a fixed
-seed and asserts, as `gyremedia eval` measures it on the 256 held-out prompts (pairs never seen in
-pretraining or RL), at least +20 points of exact-match accuracy with the paired 95% interval above
-zero, within 10 minutes (about 2 here: the bound allows for slower CI machines), and the run folder a
-user looks at (before/after completions, plot, export).
+Slow and run in CI, with two torch threads as its figures were measured. It trains from the shipped model with a
+fixed seed and asserts, as the run's own step-0 and last evaluations measure it on the 256 held-out prompts (pairs
+never seen in pretraining or RL; the figures `gyremedia eval` reports), at least +20 points of exact-match accuracy
+with the paired 95% interval above zero (seeds 0, 1, 2: +27.0, +27.0, +27.3), within 10 minutes of its 2 cores (20
+CPU minutes; the training command takes about 1.5 on a 2-core AMD EPYC), and the run folder a user looks at
+(before/after completions, plot, export).
 """
 
 import json
-import time
 
 import pytest
 
-from cli_runs import gyremedia
+from cli_runs import children_cpu_minutes, gyremedia, heldout_change, with_threads
 
-MIN_POINTS, MAX_MINUTES = 20, 10
+MIN_POINTS, MAX_MINUTES, THREADS = 20, 10, 2  # minutes of its THREADS cores: CPU minutes / THREADS
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_llm_quickstart_raises_heldout_exact_match(tmp_path):
     run = tmp_path / "llm"
-    start = time.monotonic()
-    train = gyremedia("train", "llm_quickstart", f"run.output_dir={run}", "logging.progress=false", timeout=900)
-    minutes = (time.monotonic() - start) / 60
-    assert minutes <= MAX_MINUTES, f"the run took {minutes:.1f} minutes"
+    start = children_cpu_minutes()
+    train = gyremedia(
+        "train",
+        "llm_quickstart",
+        f"run.output_dir={run}",
+        "logging.progress=false",
+        timeout=900,
+        env=with_threads(THREADS),
+    )
+    minutes = children_cpu_minutes() - start
+    assert minutes <= MAX_MINUTES * THREADS, f"the run took {minutes:.1f} CPU minutes"
     for made in (
         "samples/before.txt",
         "samples/after.txt",
@@ -33,11 +41,9 @@ def test_llm_quickstart_raises_heldout_exact_match(tmp_path):
         "pipeline/README.md",
     ):
         assert (run / made).is_file(), made
-    evaluate = gyremedia("eval", str(run), "--json", timeout=600)
-    report = json.loads(evaluate.stdout)
-    print(json.dumps(report, indent=2), f"\ntraining took {minutes:.1f} minutes")
-    assert report["metric"] == "addition_verifier/correct" and report["samples"] == 512
-    assert 0.2 <= report["base"]["accuracy"] <= 0.5, "the base model must be decent but imperfect"
-    gain = report["gain"]
-    assert gain["ci95_low"] > 0 and gain["points"] >= MIN_POINTS, gain
+    gain, base = heldout_change(run, "addition_verifier/correct")
+    print(json.dumps(gain), f"\ntraining took {minutes:.1f} CPU minutes")
+    assert gain["samples"] == 512
+    assert 0.2 <= base <= 0.5, "the base model must be decent but imperfect"
+    assert gain["ci95_low"] > 0 and 100 * gain["mean"] >= MIN_POINTS, gain
     assert train.stdout.strip().splitlines()[-6].startswith("held-out addition_verifier/correct: 39.8% at step 0")

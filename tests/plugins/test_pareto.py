@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli_runs import gyremedia
+from cli_runs import gyremedia, with_threads
 from gyremedia.advantages import combined_advantages
 from gyremedia.config import ConfigError
 from gyremedia.interfaces import BuildContext
@@ -131,6 +131,7 @@ def test_eval_reports_the_trained_models_front(make_config, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_the_pareto_config_learns_a_front_whose_extremes_each_win_their_own_reward(tmp_path):
     """configs/pareto.yaml end to end (about 4 minutes on 2 CPU cores): one model, five preferences."""
     from gyremedia.config import load_config
@@ -143,6 +144,7 @@ def test_the_pareto_config_learns_a_front_whose_extremes_each_win_their_own_rewa
         "export.on_train_end=false",
         "logging.progress=false",
         timeout=1200,
+        env=with_threads(1),
     )
     front = json.loads((run / "pareto_front.json").read_text())
     print(json.dumps(front, indent=1))

@@ -334,6 +334,28 @@ def test_the_world_model_configs_resolve(name):
     ]
 
 
+def test_evaluating_more_often_changes_no_training_number(tmp_path):
+    """Evaluations and the per-clip monitor's own rollouts draw from their own fixed seeds: a run evaluated at every
+    step trains exactly as one evaluated only at its first and last (the slow quickstart test evaluates less often
+    than its config)."""
+    runs = []
+    for every in (1, 0):
+        (tmp_path / str(every)).mkdir()
+        config = world_config(tmp_path / str(every), f"eval.every={every}", "backbone.monitor_clips=2", "train.steps=3")
+        Trainer(config, PluginManager()).train()
+        lines = [
+            json.loads(line) for line in (tmp_path / str(every) / "run" / "metrics.jsonl").read_text().splitlines()
+        ]
+        runs.append(
+            [
+                {k: v for k, v in m.items() if not k.startswith(("time/", "eval/", "monitor/"))}
+                for m in lines
+                if "loss" in m
+            ]
+        )
+    assert len(runs[0]) == 3 and runs[0] == runs[1]
+
+
 @pytest.mark.parametrize("objective", ["grpo", "nft"])
 def test_the_same_trainer_trains_the_world_model_and_saves_gifs(tmp_path, objective, capsys):
     overrides = ["objective.name=nft", "sampler.name=ode"] if objective == "nft" else []
