@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -41,11 +42,21 @@ def with_threads(threads: int) -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
 
 
-def children_cpu_minutes() -> float:
-    """CPU minutes this process's finished children have used: what a run costs, whatever else shares the cores (the
-    suite's tests run side by side, so their wall time is not a run's own)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (usage.ru_utime + usage.ru_stime) / 60
+def gyremedia_cpu_minutes(*args: str, timeout: float, threads: int) -> tuple[subprocess.CompletedProcess, float]:
+    """:func:`gyremedia` with ``threads`` torch threads (:func:`with_threads`), and the CPU minutes it used: what the
+    run costs whatever else shares the cores (the suite's tests run side by side, so their wall time is not a run's
+    own)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = gyremedia(*args, timeout=timeout, env=with_threads(threads))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return done, (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / 60
+
+
+def free_port() -> int:
+    """A loopback port no process listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def heldout_change(run: Path, key: str) -> tuple[dict[str, float], float]:

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -10,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from cli_runs import free_port
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 # 12 samples in groups of 4 over 2 ranks of 6: group 1 (samples 4-7) is split across the ranks.
@@ -19,9 +20,6 @@ OVERRIDES = ["rollout.batch_size=12", "rollout.group_size=4", "train.steps=3", "
 def accelerate_launch(processes: int, script: Path, *args: str) -> list[str]:
     """``accelerate launch`` of ``script`` on ``processes`` gloo processes, rendezvousing on a free port (the suite's
     workers may launch two at once; accelerate's default port is one for all)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     return [
         sys.executable,
         "-m",
@@ -32,7 +30,7 @@ def accelerate_launch(processes: int, script: Path, *args: str) -> list[str]:
         "--num_machines",
         "1",
         "--main_process_port",
-        str(port),
+        str(free_port()),
         "--mixed_precision",
         "no",
         "--dynamo_backend",

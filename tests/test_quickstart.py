@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from cli_runs import children_cpu_minutes, gyremedia, with_threads
+from cli_runs import gyremedia, gyremedia_cpu_minutes, heldout_change, with_threads
 from gyremedia.config import asset_path
 
 MIN_POINTS, MAX_MINUTES, STEPS, EVAL_STEPS = 20, 10, 100, [0, 25, 50, 75, 100]
@@ -25,9 +25,7 @@ MIN_POINTS, MAX_MINUTES, STEPS, EVAL_STEPS = 20, 10, 100, [0, 25, 50, 75, 100]
 @pytest.mark.timeout(1500)
 def test_quickstart_raises_heldout_accuracy(tmp_path):
     run = tmp_path / "quickstart"
-    start = children_cpu_minutes()
-    train = gyremedia("train", f"run.output_dir={run}", timeout=1200, env=with_threads(1))
-    minutes = children_cpu_minutes() - start
+    train, minutes = gyremedia_cpu_minutes("train", f"run.output_dir={run}", timeout=1200, threads=1)
     assert minutes <= MAX_MINUTES, f"the run took {minutes:.1f} CPU minutes"
     for made in (
         "config.yaml",
@@ -47,11 +45,10 @@ def test_quickstart_raises_heldout_accuracy(tmp_path):
     # (tests/test_evaluation.py).
     base, trained = metrics[0], metrics[-1]
     assert trained["step"] == STEPS and "eval/diversity" in trained
-    changes = json.loads((run / "heldout_changes.json").read_text())
-    gain = changes["shapes_verifier/correct"]
+    gain, base_accuracy = heldout_change(run, "shapes_verifier/correct")
     print(json.dumps(gain), f"\ntraining took {minutes:.1f} CPU minutes")
     assert gain["samples"] == 256
-    base_accuracy, trained_accuracy = base["eval/shapes_verifier/correct"], trained["eval/shapes_verifier/correct"]
+    trained_accuracy = trained["eval/shapes_verifier/correct"]
     assert 0.2 <= base_accuracy <= 0.6, "the base model must be decent but imperfect"
     # Our sampler and the stock diffusers pipeline (pretraining's evaluation) measure the same model.
     pretrained = json.loads(open(asset_path("shapes16/pretraining.json")).read())["final"]["heldout"]["accuracy"]
@@ -109,6 +106,6 @@ def test_flow_grpo_quickstart_raises_heldout_accuracy(tmp_path):
     )
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "eval/shapes_verifier/correct" in m] == [0, GRPO_STEPS]
-    gain = json.loads((run / "heldout_changes.json").read_text())["shapes_verifier/correct"]
+    gain, _ = heldout_change(run, "shapes_verifier/correct")
     print(json.dumps(gain))
     assert gain["ci95_low"] > 0 and 100 * gain["mean"] >= GRPO_MIN_POINTS, gain

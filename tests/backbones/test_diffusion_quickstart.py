@@ -21,7 +21,7 @@ import torch
 from backbone_checks import ode_samples, stock_in_fresh_process
 from omegaconf import OmegaConf
 
-from cli_runs import children_cpu_minutes, gyremedia, with_threads
+from cli_runs import gyremedia_cpu_minutes, heldout_change
 from gyremedia.interfaces import BuildContext
 from gyremedia.plugins import PluginManager
 from gyremedia_samplers.ddim import DDIMEtaOptions, DDIMEtaSampler
@@ -47,10 +47,10 @@ def exported_backbone(folder: str):
 def test_the_run_raises_heldout_accuracy_and_its_export_samples_as_we_do(tmp_path, config):
     least_points, interval_above_zero, most_minutes, threads, overrides = TARGETS[config]
     run = tmp_path / config
-    start = children_cpu_minutes()
-    gyremedia("train", config, f"run.output_dir={run}", *overrides, timeout=1500, env=with_threads(threads))
-    minutes = children_cpu_minutes() - start
-    gain = json.loads((run / "heldout_changes.json").read_text())["shapes_verifier/correct"]
+    _, minutes = gyremedia_cpu_minutes(
+        "train", config, f"run.output_dir={run}", *overrides, timeout=1500, threads=threads
+    )
+    gain, _ = heldout_change(run, "shapes_verifier/correct")
     print(json.dumps(gain), f"\n{config} took {minutes:.1f} CPU minutes")
     assert 100 * gain["mean"] >= least_points, gain
     assert gain["ci95_low"] > 0 or not interval_above_zero, gain

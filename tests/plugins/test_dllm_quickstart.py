@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from cli_runs import children_cpu_minutes, gyremedia, heldout_change, with_threads
+from cli_runs import gyremedia_cpu_minutes, heldout_change
 
 MIN_POINTS, MAX_MINUTES, THREADS = 20, 5, 2  # minutes of its THREADS cores: CPU minutes / THREADS
 
@@ -21,16 +21,9 @@ MIN_POINTS, MAX_MINUTES, THREADS = 20, 5, 2  # minutes of its THREADS cores: CPU
 @pytest.mark.timeout(1200)
 def test_dllm_quickstart_raises_heldout_exact_match(tmp_path):
     run = tmp_path / "dllm"
-    start = children_cpu_minutes()
-    gyremedia(
-        "train",
-        "dllm_quickstart",
-        f"run.output_dir={run}",
-        "logging.progress=false",
-        timeout=900,
-        env=with_threads(THREADS),
+    _, minutes = gyremedia_cpu_minutes(
+        "train", "dllm_quickstart", f"run.output_dir={run}", "logging.progress=false", timeout=900, threads=THREADS
     )
-    minutes = children_cpu_minutes() - start
     for made in ("samples/before.txt", "samples/after.txt", "reward_curve.png", "pipeline/model.safetensors"):
         assert (run / made).is_file(), made
     assert "mask_token_id" in (run / "pipeline" / "README.md").read_text()  # the unmasking loop

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from cli_runs import children_cpu_minutes, gyremedia, heldout_change, with_threads
+from cli_runs import gyremedia_cpu_minutes, heldout_change
 
 MIN_POINTS, MAX_MINUTES, THREADS = 20, 10, 2  # minutes of its THREADS cores: CPU minutes / THREADS
 
@@ -21,16 +21,9 @@ MIN_POINTS, MAX_MINUTES, THREADS = 20, 10, 2  # minutes of its THREADS cores: CP
 @pytest.mark.timeout(1200)
 def test_llm_quickstart_raises_heldout_exact_match(tmp_path):
     run = tmp_path / "llm"
-    start = children_cpu_minutes()
-    train = gyremedia(
-        "train",
-        "llm_quickstart",
-        f"run.output_dir={run}",
-        "logging.progress=false",
-        timeout=900,
-        env=with_threads(THREADS),
+    train, minutes = gyremedia_cpu_minutes(
+        "train", "llm_quickstart", f"run.output_dir={run}", "logging.progress=false", timeout=900, threads=THREADS
     )
-    minutes = children_cpu_minutes() - start
     assert minutes <= MAX_MINUTES * THREADS, f"the run took {minutes:.1f} CPU minutes"
     for made in (
         "samples/before.txt",

@@ -4,7 +4,6 @@ served name and kinds at config time, and a server killed (the run stops naming 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -13,18 +12,13 @@ import time
 import pytest
 import torch
 
+from cli_runs import free_port
 from gyremedia.config import ConfigError
 from gyremedia.plugins import PluginManager
 from gyremedia.reward_server import RewardService, listen, server, url
 from gyremedia.rollout import Media
 from gyremedia.scoring import RewardContractError, RewardError, Scorer
 from gyremedia.trainer import Trainer
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_server(name: str, port: int = 0) -> tuple[subprocess.Popen, str]:
